@@ -1,0 +1,276 @@
+"""Issue 3 benchmark: completion latency and throughput, host-function stalls, idle CPU.
+
+A script, not a test (pytest does not collect it). Run it on each backend::
+
+    python demos/bench/completion_bench.py --backend cuda [--rounds 3] [--json out.json]
+
+What it measures, side by side, interleaving variants and repeating rounds
+(DESIGN §9: single runs differ by 2x):
+
+* ``await latency``: launch (a 4-byte memset) to a resumed coroutine, idle
+  device, one at a time: streamrt ``await stream.wait_idle()`` (blocking-sync
+  event + lane thread) against a plain bridge (a Python ctypes host function
+  on the driver thread calling ``loop.call_soon_threadsafe``) and, when
+  numba-cuda is installed and the backend is cuda, numba's
+  ``stream.async_done()``. Median and p99, in µs. Under asyncio and uvloop.
+* ``sustained completions/s``: 64 tasks awaiting ``wait_idle()`` on 8 streams.
+* ``host-function stall``: GPU time between two timing events around one host
+  function while the main thread is busy in Python: a native no-op (libc
+  ``sem_post``), a Python function through streamrt (worker thread; switch
+  interval lowered to 50 µs, and left at 5 ms), and a Python function run on
+  the driver thread (ctypes callback). Median µs.
+* ``idle CPU``: CPU seconds used by the completion threads during 1 s idle.
+
+On the sim backend the stall figures are virtual time and the rest is real
+time of the simulator's threads: only the GPU runs are meaningful numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+import streamrt as srt
+from streamrt._native import Semaphore
+
+_libc = ctypes.CDLL(None)
+_HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def _summary(us: list[float]) -> dict[str, float]:
+    return {"median_us": round(statistics.median(us), 1), "p99_us": round(_pct(us, 0.99), 1), "n": len(us)}
+
+
+# -- await latency ---------------------------------------------------------------------------------------
+async def _latency_streamrt(rt: srt.Runtime, s: srt.Stream, d: srt.Buffer, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        s.memset(d, 0, 4)
+        await s.wait_idle()
+        out.append((time.perf_counter() - t0) * 1e6)
+        await asyncio.sleep(0)  # let the lane go back to sleep: measure the idle path
+    return out
+
+
+async def _latency_bridge(rt: srt.Runtime, s: srt.Stream, d: srt.Buffer, n: int) -> list[float]:
+    """The baseline: a Python host function on the driver thread + call_soon_threadsafe."""
+    loop = asyncio.get_running_loop()
+    box: list[asyncio.Future[None]] = []
+
+    def cb(_: Any) -> None:
+        fut = box[0]
+        loop.call_soon_threadsafe(fut.set_result, None)
+
+    native = _HOST_FN(cb)
+    addr = ctypes.cast(native, ctypes.c_void_p).value
+    out = []
+    for _ in range(n):
+        fut = loop.create_future()
+        box[:] = [fut]
+        t0 = time.perf_counter()
+        s.memset(d, 0, 4)
+        rt.backend.launch_host_func(s.handle, addr, 0)
+        await fut
+        out.append((time.perf_counter() - t0) * 1e6)
+        await asyncio.sleep(0)
+    rt.synchronize()
+    del native
+    return out
+
+
+async def _latency_numba(rt: srt.Runtime, s: srt.Stream, d: srt.Buffer, n: int) -> list[float] | None:
+    if rt.backend_name != "cuda":
+        return None
+    try:
+        from numba import cuda  # type: ignore[import-not-found]
+    except Exception:  # noqa: BLE001 - optional comparison
+        return None
+    ns = cuda.external_stream(s.handle)
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        s.memset(d, 0, 4)
+        await ns.async_done()
+        out.append((time.perf_counter() - t0) * 1e6)
+        await asyncio.sleep(0)
+    return out
+
+
+def _run(loop_kind: str, coro: Any) -> Any:
+    if loop_kind == "uvloop":
+        import uvloop
+
+        loop = uvloop.new_event_loop()
+    else:
+        loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.close()
+
+
+# -- throughput ------------------------------------------------------------------------------------------------
+async def _throughput(rt: srt.Runtime, streams: list[srt.Stream], seconds: float) -> float:
+    stop = time.perf_counter() + seconds
+    count = 0
+
+    async def task(i: int) -> None:
+        nonlocal count
+        s = streams[i % len(streams)]
+        while time.perf_counter() < stop:
+            await s.wait_idle()
+            count += 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(task(i) for i in range(64)))
+    return count / (time.perf_counter() - t0)
+
+
+def _fire_and_forget(rt: srt.Runtime, streams: list[srt.Stream], n: int) -> float:
+    engine = rt._engine
+    done = 0
+    lock = threading.Lock()
+    all_done = threading.Event()
+
+    def cb(_: Any) -> None:
+        nonlocal done
+        with lock:
+            done += 1
+            if done == n:
+                all_done.set()
+
+    t0 = time.perf_counter()
+    for i in range(n):
+        engine.completion_for_stream(streams[i % len(streams)].handle).add_done_callback(cb)
+    all_done.wait(120)
+    return n / (time.perf_counter() - t0)
+
+
+# -- host-function stall -------------------------------------------------------------------------------------
+def _busy(seconds: float) -> int:
+    x = 0
+    stop = time.perf_counter() + seconds
+    while time.perf_counter() < stop:
+        for i in range(200):
+            x += i * i
+    return x
+
+
+def _stall(rt: srt.Runtime, s: srt.Stream, enqueue: Callable[[], None], rounds: int) -> list[float]:
+    t0, t1 = rt.create_event(timing=True), rt.create_event(timing=True)
+    out = []
+    for _ in range(rounds):
+        s.record(t0)
+        enqueue()
+        s.record(t1)
+        _busy(0.03)  # the main thread is busy in Python while the host function is due
+        t1.synchronize()
+        out.append(t0.elapsed_ms(t1) * 1000.0)
+    t0.close()
+    t1.close()
+    return out
+
+
+def _stall_variants(backend: str, rounds: int) -> dict[str, dict[str, float]]:
+    results: dict[str, dict[str, float]] = {}
+    sem = Semaphore(0)
+    sem_post = _libc.sem_post
+    py_driver = _HOST_FN(lambda _: None)
+    for label, interval in (("switch 50us", 5e-5), ("switch 5ms (not lowered)", None)):
+        with srt.open_runtime(backend, python_host_switch_interval=interval) as rt:
+            sys.setswitchinterval(0.005)
+            s = rt.create_stream()
+            variants: dict[str, Callable[[], None]] = {
+                "native no-op (sem_post)": lambda s=s: s.launch_host_func(sem_post, sem.address),
+                "python fn on worker (streamrt)": lambda s=s: s.launch_host_func(lambda: None),
+            }
+            if interval is None:
+                variants["python fn on driver thread"] = lambda s=s: s.launch_host_func(py_driver)
+            samples: dict[str, list[float]] = {k: [] for k in variants}
+            for _ in range(3):  # interleave the variants
+                for name, enq in variants.items():
+                    samples[name] += _stall(rt, s, enq, max(1, rounds // 3))
+            for name, xs in samples.items():
+                results[f"{name} [{label}]"] = _summary(xs)
+    while sem.try_wait():
+        pass
+    sem.destroy()
+    return results
+
+
+# -- idle CPU --------------------------------------------------------------------------------------------------
+def _thread_cpu_s(native_id: int) -> float:
+    with open(f"/proc/self/task/{native_id}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _idle_cpu(rt: srt.Runtime) -> float | None:
+    if not os.path.exists("/proc/self/task"):
+        return None
+    ids = [t.native_id for t in threading.enumerate() if t.name.startswith(("streamrt-lane", "streamrt-host")) and t.native_id]
+    before = sum(_thread_cpu_s(i) for i in ids)
+    time.sleep(1.0)
+    return sum(_thread_cpu_s(i) for i in ids) - before
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--n", type=int, default=2000, help="awaits per latency sample set")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+
+    report: dict[str, Any] = {"python": sys.version.split()[0]}
+    with srt.open_runtime(args.backend) as rt:
+        report["backend"] = rt.backend_name
+        report["device"] = rt.capabilities.device_name
+        s = rt.create_stream()
+        d = rt.device_allocator.allocate(4, stream=s)
+        latency: dict[str, list[float]] = {}
+        for _ in range(args.rounds):
+            for loop_kind in ("asyncio", "uvloop"):
+                for name, fn in (("streamrt", _latency_streamrt), ("bridge", _latency_bridge), ("numba", _latency_numba)):
+                    xs = _run(loop_kind, fn(rt, s, d, args.n))
+                    if xs is not None:
+                        latency.setdefault(f"{name} [{loop_kind}]", []).extend(xs[10:])
+        report["await_latency"] = {k: _summary(v) for k, v in latency.items()}
+        streams = [rt.create_stream() for _ in range(8)]
+        report["sustained_completions_per_s"] = {
+            loop_kind: round(max(_run(loop_kind, _throughput(rt, streams, 1.0)) for _ in range(args.rounds)))
+            for loop_kind in ("asyncio", "uvloop")
+        }
+        report["fire_and_forget_completions_per_s"] = round(
+            max(_fire_and_forget(rt, streams, 50_000) for _ in range(args.rounds))
+        )
+        rt._engine.drain()
+        report["engine"] = dataclasses.asdict(rt._engine.statistics())
+        report["idle_cpu_s_per_s"] = _idle_cpu(rt)
+    report["host_function_stall"] = _stall_variants(report["backend"], rounds=30 * args.rounds)
+    text = json.dumps(report, indent=2, default=str)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""streamrt: an asyncio-aware stream scheduling runtime for HIP and CUDA GPUs, with a simulated device.
+
+The public API is this flat namespace; the modules behind it are private.
+"""
+
+from __future__ import annotations
+
+from ._allocator import Allocator, AllocatorStatistics, RawAllocator
+from ._backends.protocol import Capabilities, CaptureMode, MemcpyKind
+from ._buffer import Buffer
+from ._completion import Completion
+from ._errors import (
+    BackendError,
+    BackendUnavailableError,
+    CaptureError,
+    ClosedError,
+    KernelCompileError,
+    OutOfMemoryError,
+    StreamRTError,
+)
+from ._event import Event
+from ._runtime import Runtime, open_runtime
+from ._scheduler import Scheduler, SchedulerStatistics
+from ._stream import Stream
+from ._trace import BlockingRecord, Trace, TraceRecord
+from ._trace import label as trace_label
+from ._trace_report import TraceReport
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Allocator",
+    "AllocatorStatistics",
+    "BackendError",
+    "BlockingRecord",
+    "BackendUnavailableError",
+    "Buffer",
+    "Capabilities",
+    "CaptureError",
+    "CaptureMode",
+    "ClosedError",
+    "Completion",
+    "Event",
+    "KernelCompileError",
+    "MemcpyKind",
+    "OutOfMemoryError",
+    "RawAllocator",
+    "Runtime",
+    "Scheduler",
+    "SchedulerStatistics",
+    "Stream",
+    "StreamRTError",
+    "Trace",
+    "TraceRecord",
+    "TraceReport",
+    "open_runtime",
+    "trace_label",
+]

@@ -1,0 +1,13 @@
+"""The ``streamrt`` command (also ``python -m streamrt``); see :mod:`streamrt._cli`."""
+
+from __future__ import annotations
+
+import sys
+
+from ._cli import main
+
+__all__ = ["main"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

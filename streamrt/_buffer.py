@@ -1,0 +1,352 @@
+"""Buffers: typed views of device, pinned-host and pageable-host memory.
+
+A :class:`Buffer` is what every stream operation takes. It is either handed out
+by an allocator (and then returned to it by :meth:`Buffer.release`) or wraps
+foreign memory (numpy arrays and other buffer-protocol objects, torch and cupy
+tensors through ``__cuda_array_interface__`` or DLPack); a wrapped buffer keeps
+the foreign object alive as long as it lives.
+
+Thread rules: a Buffer may be used from any thread; ``release`` must be called
+once, by its owner.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import TYPE_CHECKING, AbstractSet, Any, Callable, Final
+
+import numpy as np
+
+from ._backends.protocol import PointerKind
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+    from ._stream import Stream
+
+__all__ = ["Buffer", "BufferKind", "DEVICE", "HOST", "PAGEABLE"]
+
+BufferKind = str
+DEVICE: Final = "device"
+HOST: Final = "host"  # page-locked (pinned) host memory
+PAGEABLE: Final = "pageable"  # ordinary host memory; not allowed in async copies
+
+_KIND_OF_POINTER = {
+    PointerKind.DEVICE: DEVICE,
+    PointerKind.MANAGED: DEVICE,
+    PointerKind.HOST: HOST,
+    PointerKind.PAGEABLE: PAGEABLE,
+}
+
+# DLPack device types (dlpack.h).
+_DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_ROCM, _DL_ROCM_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 10, 11, 13
+_NO_STREAMS: frozenset[Any] = frozenset()
+_DL_DEVICE_KINDS = {_DL_CUDA: DEVICE, _DL_ROCM: DEVICE, _DL_CUDA_MANAGED: DEVICE, _DL_CUDA_HOST: HOST, _DL_ROCM_HOST: HOST}
+
+
+class Buffer:
+    """A contiguous range of memory: ``ptr``, ``nbytes``, ``kind``.
+
+    ``kind`` is ``"device"``, ``"host"`` (pinned) or ``"pageable"``.
+    A Buffer made by an allocator is returned with :meth:`release`; reuse of
+    its memory waits until all work that used it on any stream has completed.
+    Using a buffer after ``release`` raises ``ValueError``.
+
+    Allocator writers construct Buffers directly:
+    ``Buffer(ptr, nbytes, kind, runtime, owner, on_release)``; ``on_release(buffer)``
+    is called once, by :meth:`release`, and reads :attr:`streams` to know
+    which streams must pass before the memory may be reused.
+    """
+
+    __slots__ = (
+        "_ptr",
+        "_nbytes",
+        "_kind",
+        "_runtime",
+        "_base",
+        "_offset",
+        "_owner",
+        "_on_release",
+        "_released",
+        "_streams",
+        "_readonly",
+        "__weakref__",
+    )
+
+    def __init__(
+        self,
+        ptr: int,
+        nbytes: int,
+        kind: BufferKind,
+        runtime: Runtime | None,
+        owner: Any = None,
+        on_release: Callable[[Buffer], None] | None = None,
+        readonly: bool = False,
+    ) -> None:
+        self._ptr = ptr
+        self._nbytes = nbytes
+        self._kind = kind
+        self._runtime = runtime
+        self._base: Buffer | None = None
+        self._offset = 0
+        self._owner = owner
+        self._on_release = on_release
+        self._released = False
+        self._streams: set[Stream] | None = None
+        self._readonly = readonly
+
+    # -- properties ---------------------------------------------------------------
+    @property
+    def ptr(self) -> int:
+        """The address of the first byte (a device address for device buffers)."""
+        return self._ptr
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+    @property
+    def kind(self) -> BufferKind:
+        """``"device"``, ``"host"`` (pinned) or ``"pageable"``."""
+        return self._kind
+
+    @property
+    def runtime(self) -> Runtime | None:
+        return self._runtime
+
+    @property
+    def base(self) -> Buffer:
+        """The buffer this one is a view of (itself when it is not a view)."""
+        return self._base if self._base is not None else self
+
+    @property
+    def offset(self) -> int:
+        """Byte offset of this view inside :attr:`base`."""
+        return self._offset
+
+    @property
+    def is_released(self) -> bool:
+        root = self._base if self._base is not None else self
+        return root._released
+
+    @property
+    def readonly(self) -> bool:
+        return self._readonly
+
+    @property
+    def streams(self) -> AbstractSet[Stream]:
+        """Streams that have had work enqueued with this buffer (or its views) since allocation.
+
+        A live read-only view of the set (not a copy): do not mutate it.
+        """
+        root = self._base if self._base is not None else self
+        return root._streams or _NO_STREAMS
+
+    # -- views and host access -------------------------------------------------------
+    def view(self, offset: int, nbytes: int | None = None) -> Buffer:
+        """A Buffer for ``nbytes`` bytes starting at ``offset``, sharing this buffer's memory and lifetime.
+
+        Views are tracked by their own byte range in pipelines. Releasing goes through the base buffer.
+        """
+        offset = _check_size(offset, "offset")
+        if nbytes is None:
+            nbytes = self._nbytes - offset
+        nbytes = _check_size(nbytes, "nbytes")
+        if offset + nbytes > self._nbytes:
+            raise ValueError(f"view [{offset}, {offset + nbytes}) exceeds the buffer's {self._nbytes} bytes")
+        root = self._base if self._base is not None else self
+        v = Buffer(self._ptr + offset, nbytes, self._kind, self._runtime, owner=root, readonly=self._readonly)
+        v._base = root
+        v._offset = self._offset + offset
+        return v
+
+    def numpy(self, dtype: Any = np.uint8) -> np.ndarray:
+        """A numpy array over the buffer's bytes (host and pageable buffers only).
+
+        The array aliases the memory: it is valid while the buffer is not released,
+        and host writes race with in-flight stream work that reads the buffer.
+        """
+        self.check_usable()
+        if self._kind == DEVICE:
+            raise TypeError("a device buffer has no host view; copy it into a host buffer first (stream.copy(dst=host, src=device))")
+        dt = np.dtype(dtype)
+        if self._nbytes % dt.itemsize:
+            raise ValueError(f"{self._nbytes} bytes is not a whole number of {dt} elements")
+        count = self._nbytes // dt.itemsize
+        if count == 0:
+            return np.empty(0, dtype=dt)
+        raw = (ctypes.c_char * self._nbytes).from_address(self._ptr)
+        arr = np.frombuffer(raw, dtype=dt, count=count)
+        if self._readonly:
+            arr.flags.writeable = False
+        return arr
+
+    # -- lifetime ------------------------------------------------------------------------
+    def release(self) -> None:
+        """Give the memory back to its allocator (foreign buffers: drop the reference).
+
+        Non-blocking. Reuse waits until every stream that used the buffer has
+        passed this point. Releasing twice, or releasing a view, raises ``ValueError``.
+        """
+        if self._base is not None:
+            raise ValueError("release the base buffer, not a view of it (buffer.base.release())")
+        if self._released:
+            raise ValueError("buffer released twice")
+        self._released = True
+        on_release, self._on_release = self._on_release, None
+        if on_release is not None:
+            on_release(self)
+        self._owner = None
+
+    def check_usable(self) -> None:
+        """Raise ``ValueError`` if the buffer (or the buffer it views) was released."""
+        root = self._base if self._base is not None else self
+        if root._released:
+            raise ValueError("buffer used after release()")
+
+    def note_stream(self, stream: Stream) -> None:
+        """Record that work using this buffer was enqueued on ``stream`` (like torch's ``record_stream``).
+
+        Stream operations do this themselves; call it for work streamrt does
+        not see (a torch kernel on a wrapped stream, say) so release waits for it.
+        """
+        root = self._base if self._base is not None else self
+        s = root._streams
+        if s is None:
+            root._streams = {stream}
+        else:
+            s.add(stream)
+
+    def __repr__(self) -> str:
+        state = " released" if self.is_released else ""
+        return f"<Buffer {self._kind} ptr=0x{self._ptr:x} nbytes={self._nbytes}{state}>"
+
+
+# -- foreign memory ---------------------------------------------------------------------
+
+
+def _check_size(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    value = int(value)
+    if value < 0:
+        raise ValueError(f"{what} must be >= 0, got {value}")
+    return value
+
+
+def check_size(value: Any, what: str) -> int:
+    """Validate a byte count or offset: a non-negative int (not bool)."""
+    return _check_size(value, what)
+
+
+def wrap_foreign(obj: Any, runtime: Runtime, nbytes: int | None = None) -> Buffer:
+    """Wrap ``obj`` as a Buffer of ``runtime``; see the module docstring for what is accepted.
+
+    ``nbytes`` limits the buffer to its first ``nbytes`` bytes.
+    """
+    if obj is None:
+        raise TypeError("expected a Buffer or an object exposing memory, got None")
+    if isinstance(obj, Buffer):
+        buf = obj
+    elif hasattr(obj, "__cuda_array_interface__"):
+        buf = _from_cuda_array_interface(obj, runtime)
+    elif hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        buf = _from_dlpack(obj, runtime)
+    else:
+        buf = _from_buffer_protocol(obj, runtime)
+    if nbytes is not None:
+        nbytes = _check_size(nbytes, "nbytes")
+        if nbytes > buf.nbytes:
+            raise ValueError(f"nbytes={nbytes} exceeds the object's {buf.nbytes} bytes")
+        if nbytes != buf.nbytes:
+            buf = buf.view(0, nbytes)
+    return buf
+
+
+def _contiguous_nbytes(shape: tuple[int, ...], strides: tuple[int, ...] | None, itemsize: int) -> int:
+    n = itemsize
+    for d in shape:
+        n *= d
+    if strides is not None and n:
+        expected = itemsize
+        for d, s in zip(reversed(shape), reversed(strides)):
+            if d != 1 and s != expected:
+                raise ValueError("only C-contiguous memory can be wrapped as a Buffer; call .contiguous() / np.ascontiguousarray first")
+            expected *= d
+    return n
+
+
+def _from_cuda_array_interface(obj: Any, runtime: Runtime) -> Buffer:
+    cai = obj.__cuda_array_interface__
+    ptr, readonly = cai["data"]
+    itemsize = np.dtype(cai["typestr"]).itemsize
+    nbytes = _contiguous_nbytes(tuple(cai["shape"]), cai.get("strides"), itemsize)
+    kind = _KIND_OF_POINTER[runtime.backend.pointer_kind(ptr)] if ptr else DEVICE
+    return Buffer(ptr, nbytes, kind, runtime, owner=obj, readonly=bool(readonly))
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+_capsule_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_get_pointer.restype = ctypes.c_void_p
+_capsule_get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def _from_dlpack(obj: Any, runtime: Runtime) -> Buffer:
+    dev_type, dev_id = obj.__dlpack_device__()
+    if dev_type == _DL_CPU:
+        return _from_buffer_protocol(obj, runtime)
+    if dev_type not in _DL_DEVICE_KINDS:
+        raise TypeError(f"unsupported DLPack device type {dev_type}")
+    if _DL_DEVICE_KINDS[dev_type] == DEVICE and dev_id != runtime.device:
+        raise ValueError(f"memory on device {dev_id} cannot be used by a runtime on device {runtime.device}")
+    capsule = obj.__dlpack__()
+    # Peek at the DLManagedTensor (its first member is the DLTensor) without consuming the
+    # capsule; the capsule's destructor then frees it when our reference goes.
+    tensor = _DLTensor.from_address(_capsule_get_pointer(capsule, b"dltensor"))
+    shape = tuple(tensor.shape[i] for i in range(tensor.ndim))
+    strides = tuple(tensor.strides[i] for i in range(tensor.ndim)) if tensor.strides else None
+    itemsize = (tensor.dtype.bits * tensor.dtype.lanes + 7) // 8
+    nbytes = _contiguous_nbytes(shape, tuple(s * itemsize for s in strides) if strides else None, itemsize)
+    ptr = (tensor.data or 0) + tensor.byte_offset
+    return Buffer(ptr, nbytes, _DL_DEVICE_KINDS[dev_type], runtime, owner=(obj, capsule))
+
+
+def _from_buffer_protocol(obj: Any, runtime: Runtime) -> Buffer:
+    try:
+        view = memoryview(obj)
+    except TypeError:
+        numpy_method = getattr(obj, "numpy", None)  # e.g. CPU torch tensors
+        if numpy_method is None:
+            raise TypeError(
+                f"{type(obj).__name__} is not a Buffer and exposes no memory "
+                "(buffer protocol, __cuda_array_interface__ or DLPack)"
+            ) from None
+        return _from_buffer_protocol(numpy_method(), runtime)
+    if not view.c_contiguous:
+        raise ValueError("only C-contiguous memory can be wrapped as a Buffer; use np.ascontiguousarray first")
+    nbytes = view.nbytes
+    if nbytes == 0:
+        ptr = 0
+    else:
+        arr = np.frombuffer(view, dtype=np.uint8)
+        ptr = arr.ctypes.data
+    kind = _KIND_OF_POINTER[runtime.backend.pointer_kind(ptr)] if ptr else PAGEABLE
+    return Buffer(ptr, nbytes, kind, runtime, owner=(obj, view), readonly=view.readonly)

@@ -1,0 +1,476 @@
+"""Python host functions in stream order, run on runtime worker threads.
+
+How one Python host call runs (see :meth:`CompletionEngine.host_call`)::
+
+    stream:  ... | sem_post(ready) | sem_wait(done) | guard event | ...later work...
+                       |                  ^                  |
+    worker:   sem_wait(ready) -> pop head -> fn(*args) -> store outcome -> sem_post(done)
+    lane:                                                    +-> resolve the Completion
+
+The driver (or simulator) callback thread only ever runs the two libc
+functions; it never takes the GIL. The stream is held by ``sem_wait(done)``
+until the worker has run ``fn``, so later work on the stream still waits for
+``fn``, exactly as with a host function run by the driver itself.
+
+Rules for ``fn`` (documented for users in the asyncio guide):
+
+* It must not call HIP/CUDA (or any streamrt call that does): the stream it
+  runs in is blocked in the middle of a driver callback.
+* A long ``fn`` blocks its stream, and every stream waiting on it, for as long
+  as it runs.
+* Its exception is captured and delivered to whoever awaits the returned
+  :class:`~streamrt.Completion` (or the pipeline's Run); the stream goes on.
+  If nobody ever retrieves it, it is logged (logger ``"streamrt"``).
+* Its Completion is resolved (and its done callbacks run) by the stream's
+  completion lane, in stream order with the stream's other Completions; the
+  worker only runs ``fn`` and stores the outcome, so the stream is held for
+  ``fn`` alone.
+
+Faults. If the stream fails before the driver reaches the call, the lane's
+wait for the guard event raises; the call is then *abandoned*: its Completion
+gets the error and ``fn`` never runs, so no waiter hangs on a host function a
+failed context will never reach. Semaphores that a failed or abandoned call
+may still name are leaked (never freed) rather than risk a late write.
+
+GIL latency. A worker needs the GIL to run ``fn``. While the main thread runs
+Python, CPython hands the GIL over only every *switch interval* (5 ms by
+default): measured on the H200, a Python host function then stalls its stream
+~5.4 ms against ~0.2 ms for a native one, and ~0.4 ms at a 50 µs interval. So
+while at least one Python host call is in flight, the runtime lowers the
+interpreter-wide switch interval (:class:`SwitchIntervalGuard`) and restores
+the previous value when none is. This is a global interpreter setting that
+streamrt touches; pass ``python_host_switch_interval=None`` to the runtime to
+leave it alone. A value the user sets meanwhile is never overwritten.
+
+Graph capture. A captured host node must re-run the Python function on every
+replay, so it cannot use the per-stream FIFO of eager calls (a replay does not
+go through :meth:`~CompletionEngine.host_call`). :class:`HostSlot` is one
+captured Python host node: its own two semaphores, function, arguments and
+worker, owned by the Graph and alive as long as it.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ._native import SEM_POST_ADDRESS, SEM_WAIT_ADDRESS, Semaphore
+
+if TYPE_CHECKING:
+    from ._completion import Completion, CompletionEngine
+
+__all__ = ["HostChannel", "HostSlot", "SwitchIntervalGuard", "switch_interval_guard"]
+
+_log = logging.getLogger("streamrt")
+_slot_ids = itertools.count(1)
+
+
+class SwitchIntervalGuard:
+    """Process-wide, reference-counted lowering of ``sys.setswitchinterval``.
+
+    Every holder (one per engine with Python host calls in flight) asks for an
+    interval; the lowest asked-for value is applied while any holder exists.
+    When the last holder releases, the value seen before the first acquire is
+    restored, unless someone else changed the interval meanwhile (then their
+    value is left in place). Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._saved: float | None = None
+        self._applied: float | None = None
+
+    @property
+    def is_lowered(self) -> bool:
+        """``True`` while at least one holder exists and the interval was lowered."""
+        return self._applied is not None
+
+    def acquire(self, interval: float) -> None:
+        """Add a holder asking for ``interval`` seconds."""
+        with self._lock:
+            current = sys.getswitchinterval()
+            if self._holders == 0:
+                self._saved = current
+                self._applied = None
+            self._holders += 1
+            if self._applied is not None and current != self._applied:
+                return  # changed by someone else while lowered: respect it
+            if current > interval:
+                sys.setswitchinterval(interval)
+                self._applied = sys.getswitchinterval()
+
+    def release(self) -> None:
+        """Remove a holder; the last one restores the saved interval."""
+        with self._lock:
+            if self._holders <= 0:
+                return
+            self._holders -= 1
+            if self._holders:
+                return
+            if self._applied is not None and self._saved is not None and sys.getswitchinterval() == self._applied:
+                sys.setswitchinterval(self._saved)
+            self._saved = self._applied = None
+
+
+#: The one guard of this process (the switch interval is interpreter-wide).
+switch_interval_guard = SwitchIntervalGuard()
+
+
+class HostRequest:
+    """One pending Python host call: the function, its arguments, its Completion and outcome.
+
+    The worker runs ``fn`` and stores the outcome (``ran``, ``value``,
+    ``exc``); for eager calls the lane resolves the Completion when it retires
+    the guard event that follows the call, so host-call Completions retire in
+    stream order with every other Completion of the stream. ``abandoned``
+    means the stream failed before the driver reached the call: the
+    Completion already holds the error and the worker, should it ever be
+    woken for this request, skips ``fn``. ``post_done`` is ``False`` when the
+    ``sem_wait(done)`` half could not be enqueued (nobody will wait for done).
+    """
+
+    __slots__ = ("abandoned", "args", "completion", "exc", "finished", "fn", "post_done", "ran", "value")
+
+    def __init__(self, fn: Callable[..., Any] | None, args: tuple[Any, ...], completion: Completion) -> None:
+        self.fn = fn
+        self.args = args
+        self.completion = completion
+        self.abandoned = False
+        self.finished = False
+        self.post_done = True
+        self.ran = False
+        self.value: Any = None
+        self.exc: BaseException | None = None
+
+
+def _call(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, BaseException | None]:
+    try:
+        return fn(*args), None
+    except BaseException as exc:  # noqa: BLE001 - delivered to the awaiter, the stream goes on
+        return None, exc
+
+
+class _Worker:
+    """Shared machinery of a channel and a slot: two semaphores, a FIFO, a thread."""
+
+    def __init__(self, engine: CompletionEngine, thread_name: str) -> None:
+        self._engine = engine
+        self.ready = Semaphore(0)
+        self.done = Semaphore(0)
+        self._queue: collections.deque[HostRequest] = collections.deque()
+        self._cond = threading.Condition(threading.Lock())
+        self._in_flight = 0  # requests not finished (guarded by _cond)
+        self._stopping = False
+        self._broken = False  # some request was abandoned: the semaphores may still be named
+        self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
+        self._started = False
+
+    # -- driver side -----------------------------------------------------------
+    def _start(self) -> None:
+        if not self._started:
+            self._started = True
+            self._engine._register_thread(self._thread)
+            self._thread.start()
+
+    def _enqueue_native(self, stream: int) -> None:
+        backend = self._engine._backend
+        backend.launch_host_func(stream, SEM_POST_ADDRESS, self.ready.address)
+        backend.launch_host_func(stream, SEM_WAIT_ADDRESS, self.done.address)
+
+    # -- bookkeeping -----------------------------------------------------------
+    def _push(self, req: HostRequest) -> None:
+        with self._cond:
+            self._queue.append(req)
+            self._in_flight += 1
+        self._engine._python_call_started()
+
+    def _finish(self, req: HostRequest) -> None:
+        with self._cond:
+            if req.finished:
+                return
+            req.finished = True
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._cond.notify_all()
+        self._engine._python_call_finished()
+
+    def abandon(self, req: HostRequest, exc: BaseException) -> None:
+        """The stream failed before ``req`` ran: resolve it with ``exc``, never run it."""
+        if req.finished:
+            return
+        req.abandoned = True
+        self._broken = True
+        req.fn = None
+        req.args = ()
+        self._finish(req)  # bookkeeping first: a woken waiter sees it done
+        req.completion._resolve(None, exc, None)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and not yet run or abandoned."""
+        return self._in_flight
+
+    def wait_idle(self, timeout: float | None) -> bool:
+        """Block until no request is in flight; ``False`` on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._in_flight == 0, timeout)
+
+    def stop(self, *, forced: bool, join_timeout: float | None) -> None:
+        """Stop the worker thread and free (or, when still referenced, leak) the semaphores.
+
+        Call only after :meth:`wait_idle` (or with ``forced``): what is left in
+        the queue then belongs to failed streams and will never be reached.
+        """
+        leftovers = []
+        with self._cond:
+            self._stopping = True
+            leftovers = list(self._queue)
+            self._queue.clear()
+        exc: BaseException | None = None
+        for req in leftovers:
+            if not req.finished:
+                if exc is None:
+                    from ._errors import ClosedError
+
+                    exc = ClosedError("the runtime closed before this host function ran")
+                self.abandon(req, exc)
+        if leftovers:
+            self._broken = True
+            # The driver may still reach these calls (a forced close, or a stream that
+            # "recovers"): credit `done` for each so its sem_wait(done) cannot hang.
+            for req in leftovers:
+                if req.post_done and not req.ran:
+                    self.done.post()
+        thread_alive = False
+        if self._started:
+            self.ready.post()
+            self._thread.join(join_timeout)
+            thread_alive = self._thread.is_alive()
+        if self._broken or forced or thread_alive:
+            # A driver thread may still post `ready` or wait on `done` later.
+            self.ready.leak()
+            self.done.leak()
+        else:
+            self.ready.destroy()
+            self.done.destroy()
+
+    # -- worker thread ---------------------------------------------------------
+    def _run(self) -> None:
+        ready_wait = self.ready.wait
+        queue = self._queue
+        while True:
+            ready_wait()
+            try:
+                req = queue.popleft()
+            except IndexError:
+                if self._stopping:
+                    return
+                if not self._serve_unarmed():
+                    continue
+                self.done.post()
+                continue
+            if not req.abandoned:
+                fn, args = self._call_of(req)
+                req.fn = None
+                req.args = ()
+                if fn is not None:
+                    req.value, req.exc = _call(fn, args)
+                    req.ran = True
+                    self._ran(req)
+                del fn, args  # dropped here, on the worker thread
+            if req.post_done:
+                self.done.post()
+            self._finish(req)
+            if self._stopping and not queue:
+                return
+
+    def _call_of(self, req: HostRequest) -> tuple[Callable[..., Any] | None, tuple[Any, ...]]:
+        return req.fn, req.args
+
+    def _ran(self, req: HostRequest) -> None:
+        """The worker ran ``req`` (outcome stored); before ``done`` is posted."""
+
+    def _serve_unarmed(self) -> bool:
+        """A wake with no request queued; ``True`` if it was served and needs ``done``."""
+        return False
+
+
+class HostChannel(_Worker):
+    """The per-stream FIFO of eager Python host calls (one worker thread per stream).
+
+    Stream FIFO order makes the queue's head the request the driver just
+    reached, so one ``ready`` post means "run the head". Submission
+    (append + the two native host functions) happens under one lock so that
+    two threads enqueueing on the same stream cannot interleave.
+    """
+
+    def __init__(self, engine: CompletionEngine, stream: int) -> None:
+        super().__init__(engine, f"streamrt-host-{stream:#x}")
+        self.stream = stream
+        self._submit_lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], completion: Completion) -> HostRequest:
+        """Enqueue ``fn(*args)`` on the stream; raises the backend's error if nothing was enqueued.
+
+        If the first native function was enqueued but the second was not, the
+        request is abandoned with that error (``fn`` will not run) and the
+        error is raised.
+        """
+        self._start()
+        req = HostRequest(fn, args, completion)
+        backend = self._engine._backend
+        with self._submit_lock:
+            self._push(req)
+            try:
+                backend.launch_host_func(self.stream, SEM_POST_ADDRESS, self.ready.address)
+            except BaseException as exc:
+                with self._cond:
+                    if self._queue and self._queue[-1] is req:
+                        self._queue.pop()
+                req.fn = None
+                req.args = ()
+                req.completion._resolve(None, exc, None)
+                self._finish(req)
+                raise
+            try:
+                backend.launch_host_func(self.stream, SEM_WAIT_ADDRESS, self.done.address)
+            except BaseException as exc:
+                req.post_done = False  # `ready` will still be posted: the worker skips fn, posts nothing
+                self.abandon(req, exc)
+                raise
+        return req
+
+    def retire(self, req: HostRequest, error: BaseException | None, posts: Any) -> None:
+        """On the lane, when the guard event after ``req`` retired (``error`` if its wait failed).
+
+        Resolves the Completion with ``fn``'s outcome if it ran, else abandons
+        the request with the error (the failed stream never reached it).
+        """
+        if req.ran:
+            value, exc = req.value, req.exc
+            req.value = req.exc = None
+            req.completion._resolve(value, exc, posts)
+            return
+        if error is None:
+            error = RuntimeError("the stream passed a Python host call that never ran")
+        self.abandon(req, error)
+
+
+class HostSlot(_Worker):
+    """One captured Python host node of a graph; re-runs ``fn(*args)`` on every replay.
+
+    Lifecycle (what a Graph does with it):
+
+    1. ``slot = engine.host_slot(fn, args)`` while building the capture;
+    2. ``slot.capture(stream)`` while ``stream`` is capturing: enqueues the
+       two native host functions (``sem_post(ready)``, ``sem_wait(done)``),
+       which become host nodes of the graph;
+    3. per replay: ``c = slot.arm()`` *before* ``graph_launch`` (replays of
+       one graph exec run in launch order, so armed requests match replays
+       FIFO); ``c`` resolves with ``fn``'s return value or exception. Guard
+       the replay with a tail completion and call :meth:`fail_armed` with its
+       error if the stream fails, so no awaiter hangs;
+    4. ``slot.close()`` after the graph exec is destroyed and its last replay
+       completed.
+
+    ``fn`` and ``args`` are read at each run, so a replay sees the current
+    contents of the buffers it was given. A replay that nobody armed (a raw
+    ``graph_launch``) still runs ``fn``; its exception is logged.
+    The rules of :mod:`streamrt._hostcall` for ``fn`` apply.
+    """
+
+    def __init__(self, engine: CompletionEngine, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        super().__init__(engine, f"streamrt-slot-{next(_slot_ids)}")
+        if not callable(fn):
+            raise TypeError(f"host slot function must be callable, got {type(fn).__name__}")
+        self._fn = fn
+        self._args = tuple(args)
+        self.closed = False
+
+    @property
+    def fn(self) -> Callable[..., Any]:
+        """The Python function run on every replay."""
+        return self._fn
+
+    @property
+    def args(self) -> tuple[Any, ...]:
+        """Its positional arguments (kept alive as long as the slot)."""
+        return self._args
+
+    def capture(self, stream: int) -> None:
+        """Enqueue the slot's two native host functions on ``stream`` (normally capturing)."""
+        self._check_open()
+        self._start()
+        self._enqueue_native(stream)
+
+    def arm(self) -> Completion:
+        """Expect one more run; returns the Completion of that run. Call before each launch."""
+        self._check_open()
+        self._start()
+        req = HostRequest(None, (), self._engine._new_completion())
+        self._push(req)
+        return req.completion
+
+    def disarm(self, completion: Completion, exc: BaseException) -> bool:
+        """Withdraw the armed run of ``completion`` (its launch failed, nothing was enqueued).
+
+        Resolves it with ``exc`` and removes it, so later replays stay matched
+        FIFO. ``False`` if it is not armed (already ran or withdrawn).
+        """
+        with self._cond:
+            req = next((r for r in self._queue if r.completion is completion and not r.finished), None)
+            if req is not None:
+                self._queue.remove(req)
+        if req is None:
+            return False
+        self._finish(req)
+        completion._resolve(None, exc, None)
+        return True
+
+    def fail_armed(self, exc: BaseException) -> int:
+        """Resolve every armed run that has not started with ``exc``; returns how many."""
+        with self._cond:
+            pending = [r for r in self._queue if not r.finished]
+        for req in pending:
+            self.abandon(req, exc)
+        return len(pending)
+
+    def close(self) -> None:
+        """Stop the worker and free the semaphores (leaked if a failed run may still name them).
+
+        Blocks until armed runs have finished. Idempotent. Call after the
+        graph exec that names this slot is destroyed.
+        """
+        if self.closed:
+            return
+        self.closed = True
+        self.wait_idle(None)
+        self.stop(forced=False, join_timeout=None)
+        self._engine._forget_slot(self)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            from ._errors import ClosedError
+
+            raise ClosedError("this host slot was closed with its graph")
+
+    def _call_of(self, req: HostRequest) -> tuple[Callable[..., Any] | None, tuple[Any, ...]]:
+        return self._fn, self._args
+
+    def _ran(self, req: HostRequest) -> None:
+        value, exc = req.value, req.exc
+        req.value = req.exc = None
+        req.completion._resolve(value, exc, None)
+
+    def _serve_unarmed(self) -> bool:
+        try:
+            self._fn(*self._args)
+        except BaseException:  # noqa: BLE001 - nobody armed this replay to receive it
+            _log.exception("exception in captured host function %r (replay nobody armed)", self._fn)
+        return True

@@ -1,0 +1,79 @@
+"""The releaser thread: where real frees run.
+
+Frees never run on a driver callback thread (they deadlock against the main
+thread's ``hipFree``) nor on completion lanes (``hipHostFree``/``cudaFreeHost``
+synchronize the device and would delay every completion behind them).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any, Callable
+
+__all__ = ["Releaser"]
+
+
+class Releaser:
+    """One daemon thread that runs submitted frees in submission order.
+
+    ``submit`` is non-blocking and may be called from any thread. Errors raised
+    by a free are kept (``errors``) and re-raised by :meth:`close`.
+    """
+
+    def __init__(self, name: str = "streamrt-releaser") -> None:
+        self._queue: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = collections.deque()
+        self._cond = threading.Condition()
+        self._closing = False
+        self._busy = 0
+        self.errors: list[BaseException] = []
+        self.thread_ident: int | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        with self._cond:
+            if self._closing:
+                # After close the thread is gone: free inline (close() already drained).
+                pass
+            else:
+                self._queue.append((fn, args))
+                self._cond.notify()
+                return
+        fn(*args)
+
+    def drain(self) -> None:
+        """Block until everything submitted so far has run."""
+        with self._cond:
+            while self._queue or self._busy:
+                self._cond.wait()
+
+    def close(self) -> None:
+        """Run what is queued, stop the thread. Idempotent."""
+        with self._cond:
+            if self._closing:
+                return
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join()
+
+    def _run(self) -> None:
+        self.thread_ident = threading.get_ident()
+        cond = self._cond
+        while True:
+            with cond:
+                while not self._queue and not self._closing:
+                    cond.wait()
+                if not self._queue:
+                    cond.notify_all()
+                    return
+                fn, args = self._queue.popleft()
+                self._busy = 1
+            try:
+                fn(*args)
+            except BaseException as exc:  # keep going: one bad free must not leak the rest
+                self.errors.append(exc)
+            finally:
+                with cond:
+                    self._busy = 0
+                    cond.notify_all()

@@ -1,0 +1,320 @@
+"""The Runtime: one backend on one device, and the factory of streams, events and buffers."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any, Callable
+
+from ._allocator import Allocator, RawAllocator
+from ._backends import load_backend, select_auto
+from ._backends.protocol import Backend, Capabilities, priority_clamp
+from ._buffer import DEVICE, HOST, Buffer, wrap_foreign
+from ._completion import CompletionEngine
+from ._errors import ClosedError
+from ._event import Event
+from ._releaser import Releaser
+from ._stream import Stream
+from ._trace import Trace, TraceRegion, attach_on_open, finish_on_close, stop_trace, trace_region
+
+if TYPE_CHECKING:
+    from ._scheduler import Scheduler
+
+__all__ = ["Runtime", "open_runtime"]
+
+AllocatorFactory = Callable[["Runtime", str], Allocator]
+
+
+def open_runtime(
+    backend: str = "auto",
+    device: int = 0,
+    *,
+    host_allocator: str | AllocatorFactory | Allocator = "caching",
+    device_allocator: str | AllocatorFactory | Allocator = "caching",
+    python_host_switch_interval: float | None = 5e-5,
+    trace: bool | None = None,
+    **backend_options: Any,
+) -> Runtime:
+    """Open a runtime on ``backend`` (``"auto"``, ``"hip"``, ``"cuda"`` or ``"sim"``) and ``device``.
+
+    ``"auto"`` picks a GPU backend when its library and a GPU are present, else
+    the simulator, and logs why at debug level (logger ``"streamrt"``).
+    Allocators: ``"caching"`` (default, from the ``allocators`` package),
+    ``"raw"`` (no caching), an allocator object, or a factory
+    ``(runtime, kind) -> Allocator``. Extra keyword options go to the backend
+    (for the simulator: ``profile=``, ``devices=``, ``check_hazards=``).
+    ``trace=True`` traces every op from the start (see ``rt.trace()`` for a region).
+
+    Use it as a context manager, or call :meth:`Runtime.close`.
+    """
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str, not {type(backend).__name__}")
+    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+        raise ValueError(f"device must be a non-negative int, got {device!r}")
+    name = select_auto() if backend == "auto" else backend
+    impl = load_backend(name, **backend_options)
+    try:
+        count = impl.device_count()
+        if device >= count:
+            raise ValueError(f"device {device} does not exist: the {name} backend has {count} device(s)")
+        impl.set_device(device)
+        rt = Runtime(
+            impl,
+            device,
+            host_allocator=host_allocator,
+            device_allocator=device_allocator,
+            python_host_switch_interval=python_host_switch_interval,
+        )
+    except BaseException:
+        impl.close()
+        raise
+    try:
+        attach_on_open(rt, trace)  # trace=True, or a `streamrt study` session is running
+    except BaseException:
+        rt.close()
+        raise
+    return rt
+
+
+class Runtime:
+    """One backend on one device. Create with :func:`open_runtime`.
+
+    Owns the completion engine (runtime threads that retire completions), the
+    releaser thread (real frees) and the allocators. Thread-safe: streams and
+    buffers may be created and used from any thread.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        device: int,
+        *,
+        host_allocator: str | AllocatorFactory | Allocator = "caching",
+        device_allocator: str | AllocatorFactory | Allocator = "caching",
+        python_host_switch_interval: float | None = 5e-5,
+    ) -> None:
+        self._backend = backend
+        self._device = device
+        self._closed = False
+        self._lock = threading.Lock()
+        self._streams: weakref.WeakSet[Stream] = weakref.WeakSet()
+        self._events: weakref.WeakSet[Event] = weakref.WeakSet()
+        self._native_functions: dict[int, object] = {}  # native host functions kept alive until close
+        self._tracer: Any = None  # a tracer while tracing is on; Stream/Event hooks test it for None
+        self._last_trace: Trace | None = None
+        self._schedulers: weakref.WeakSet[Scheduler] = weakref.WeakSet()
+        self._capabilities = backend.capabilities(device)
+        self.releaser = Releaser()
+        self._engine = CompletionEngine(backend, device, python_host_switch_interval=python_host_switch_interval)
+        try:
+            self._host_allocator = self._make_allocator(host_allocator, HOST)
+            self._device_allocator = self._make_allocator(device_allocator, DEVICE)
+        except BaseException:
+            self._engine.close()
+            self.releaser.close()
+            raise
+
+    # -- identity -----------------------------------------------------------------------
+    @property
+    def backend_name(self) -> str:
+        """``"hip"``, ``"cuda"`` or ``"sim"``."""
+        return self._backend.name
+
+    @property
+    def backend(self) -> Backend:
+        """The backend object (plain primitives over int handles): an escape hatch."""
+        return self._backend
+
+    @property
+    def device(self) -> int:
+        return self._device
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._capabilities
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    # -- factories ------------------------------------------------------------------------
+    def create_stream(self, priority: int = 0, *, name: str | None = None) -> Stream:
+        """A new non-blocking stream. ``priority`` follows HIP/CUDA: lower numbers run first;
+        it is clamped into the device's range (``capabilities.priority_range``)."""
+        self._check_open()
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"priority must be an int, got {type(priority).__name__}")
+        priority = priority_clamp(priority, self._capabilities.priority_range)
+        self._backend.ensure_device(self._device)
+        handle = self._backend.stream_create(priority)
+        stream = Stream(self, handle, priority=priority, owned=True, name=name)
+        with self._lock:
+            self._streams.add(stream)
+        return stream
+
+    def wrap_stream(self, obj: Any, *, name: str | None = None) -> Stream:
+        """Wrap a foreign stream: an object with ``__cuda_stream__`` or ``.cuda_stream``
+        (torch, cupy, cuda.core), or a raw int handle. The stream is not destroyed by streamrt."""
+        self._check_open()
+        if isinstance(obj, Stream):
+            if obj._runtime is not self:
+                raise ValueError("stream belongs to another runtime")
+            return obj
+        handle: Any
+        if hasattr(obj, "__cuda_stream__"):
+            protocol = obj.__cuda_stream__
+            _version, handle = protocol() if callable(protocol) else protocol
+        elif hasattr(obj, "cuda_stream"):
+            handle = obj.cuda_stream
+        else:
+            handle = obj
+        if isinstance(handle, bool) or not isinstance(handle, int) or handle < 0:
+            raise TypeError(f"cannot wrap {type(obj).__name__} as a stream: expected __cuda_stream__, .cuda_stream or an int handle")
+        stream = Stream(self, handle, owned=False, name=name, foreign=obj if obj is not handle else None)
+        with self._lock:
+            self._streams.add(stream)
+        return stream
+
+    def create_event(self, *, timing: bool = False) -> Event:
+        """A new (blocking-sync) event; ``timing=True`` allows :meth:`Event.elapsed_ms`."""
+        self._check_open()
+        handle = self._backend.event_create(timing=bool(timing), blocking_sync=True)
+        event = Event(self, handle, bool(timing))
+        with self._lock:
+            self._events.add(event)
+        return event
+
+    def as_buffer(self, obj: Any, nbytes: int | None = None) -> Buffer:
+        """Wrap foreign memory (buffer protocol, ``__cuda_array_interface__``, DLPack) as a Buffer.
+
+        ``nbytes`` limits it to its first ``nbytes`` bytes. The Buffer keeps ``obj`` alive.
+        """
+        self._check_open()
+        buf = wrap_foreign(obj, self, nbytes)
+        if buf.runtime is not self:
+            raise ValueError("buffer belongs to another runtime or device")
+        return buf
+
+    def scheduler(self, streams: int = 4, *, max_in_flight: int | None = 64, max_pinned_bytes: int | None = None) -> Scheduler:
+        """An asyncio stream scheduler over ``streams`` streams per priority, with bounded in-flight
+        work (by count and pinned bytes) that makes callers wait. See docs/asyncio.md."""
+        from ._scheduler import Scheduler
+
+        self._check_open()
+        sched = Scheduler(self, streams=streams, max_in_flight=max_in_flight, max_pinned_bytes=max_pinned_bytes)
+        with self._lock:
+            self._schedulers.add(sched)
+        return sched
+
+    # -- tracing -----------------------------------------------------------------------------------
+    def trace(self, *, name: str = "trace") -> TraceRegion:
+        """Trace one region: ``with rt.trace() as t: ...``; then ``t.report()``, ``t.save_chrome(path)``.
+        Leaving the region synchronizes the device (device times are read then)."""
+        return trace_region(self, name=name)
+
+    def stop_trace(self) -> Trace:
+        """Stop tracing started by ``open_runtime(trace=True)`` and return the trace."""
+        return stop_trace(self)
+
+    @property
+    def last_trace(self) -> Trace | None:
+        """The most recent finished trace (for ``trace=True`` runtimes, set by ``close``)."""
+        return self._last_trace
+
+    # -- allocators ------------------------------------------------------------------------------
+    @property
+    def host_allocator(self) -> Allocator:
+        """Pinned host memory: ``rt.host_allocator.allocate(n)``."""
+        return self._host_allocator
+
+    @property
+    def device_allocator(self) -> Allocator:
+        """Device memory: ``rt.device_allocator.allocate(n, stream=s)``."""
+        return self._device_allocator
+
+    def _make_allocator(self, spec: str | AllocatorFactory | Allocator, kind: str) -> Allocator:
+        if spec == "raw":
+            return RawAllocator(self, kind)
+        if spec == "caching":
+            try:
+                from allocators import default_allocator  # lazily: allocators depends on streamrt
+            except ImportError:
+                return RawAllocator(self, kind)
+            return default_allocator(self, kind)
+        if isinstance(spec, str):
+            raise ValueError(f"unknown allocator {spec!r}: use 'caching', 'raw', an allocator or a factory")
+        if isinstance(spec, Allocator):
+            if spec.kind != kind:
+                raise ValueError(f"a {spec.kind} allocator cannot serve {kind} memory")
+            return spec
+        if callable(spec):
+            allocator = spec(self, kind)
+            if not isinstance(allocator, Allocator):
+                raise TypeError("the allocator factory must return an object implementing streamrt.Allocator")
+            return allocator
+        raise TypeError(f"cannot use {type(spec).__name__} as an allocator")
+
+    # -- whole-device operations -------------------------------------------------------------------
+    def synchronize(self) -> None:
+        """Block until all work on the device has completed (the GIL is released)."""
+        self._check_open()
+        tracer = self._tracer
+        if tracer is None:
+            self._backend.device_synchronize()
+        else:
+            tracer.blocking(None, "runtime.synchronize", self._backend.device_synchronize)
+
+    def close(self) -> None:
+        """Drain and shut down, deterministically: waits for all in-flight work and
+        completions, closes the allocators, destroys owned streams and events, stops
+        the runtime's threads, and closes the backend. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            streams = list(self._streams)
+            events = list(self._events)
+            schedulers = list(self._schedulers)
+        for sched in schedulers:
+            sched.close()
+        if self._tracer is not None:
+            finish_on_close(self)
+        try:
+            self._backend.device_synchronize()
+        finally:
+            self._engine.close()
+            for allocator in (self._host_allocator, self._device_allocator):
+                allocator.close()
+            self.releaser.close()
+            for s in streams:
+                s.close()
+            for e in events:
+                e.close()
+            self._closed = True
+            self._backend.close()
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- bookkeeping ---------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("runtime is closed")
+
+    def _forget_stream(self, stream: Stream) -> None:
+        with self._lock:
+            self._streams.discard(stream)
+        self._engine.forget_stream(stream.handle)
+
+    def _keep_native(self, address: int, fn: object) -> None:
+        if address not in self._native_functions:
+            self._native_functions[address] = fn
+
+    def _forget_event(self, event: Event) -> None:
+        with self._lock:
+            self._events.discard(event)
+
+    def __repr__(self) -> str:
+        return f"<Runtime {self.backend_name}:{self._device}{' closed' if self._closed else ''}>"

@@ -1,0 +1,300 @@
+"""Streams: ordered queues of device work, with memory operations, host functions and events."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import TYPE_CHECKING, Any, Callable
+
+from ._backends.protocol import MemcpyKind
+from ._buffer import DEVICE, HOST, PAGEABLE, Buffer, check_size, wrap_foreign
+from ._errors import ClosedError
+from ._event import Event
+
+if TYPE_CHECKING:
+    from ._completion import Completion
+    from ._runtime import Runtime
+
+__all__ = ["Stream", "native_function_address"]
+
+_COPY_KIND = {
+    (HOST, HOST): MemcpyKind.HOST_TO_HOST,
+    (HOST, DEVICE): MemcpyKind.HOST_TO_DEVICE,
+    (DEVICE, HOST): MemcpyKind.DEVICE_TO_HOST,
+    (DEVICE, DEVICE): MemcpyKind.DEVICE_TO_DEVICE,
+}
+
+
+def native_function_address(fn: Any) -> int | None:
+    """The address of a native ``void(*)(void*)`` given as a ctypes function pointer or a numba cfunc.
+
+    ``None`` when ``fn`` is not a native function (a plain Python callable).
+    """
+    if isinstance(fn, ctypes._CFuncPtr):  # type: ignore[attr-defined]
+        return ctypes.cast(fn, ctypes.c_void_p).value
+    address = getattr(fn, "address", None)
+    if isinstance(address, int) and hasattr(fn, "ctypes"):  # numba @cfunc
+        return address
+    return None
+
+
+def _user_data(args: tuple[Any, ...]) -> int:
+    if not args:
+        return 0
+    if len(args) != 1:
+        raise TypeError("a native host function takes one user-data argument (an int address, a ctypes object or a Buffer)")
+    (arg,) = args
+    if arg is None:
+        return 0
+    if isinstance(arg, Buffer):
+        return arg.ptr
+    if isinstance(arg, int) and not isinstance(arg, bool):
+        return arg
+    if isinstance(arg, ctypes._Pointer):  # type: ignore[attr-defined]
+        return ctypes.cast(arg, ctypes.c_void_p).value or 0
+    if isinstance(arg, (ctypes._SimpleCData, ctypes.Structure, ctypes.Array)):  # type: ignore[attr-defined]
+        return ctypes.addressof(arg)
+    raise TypeError(f"cannot pass {type(arg).__name__} as user data to a native host function")
+
+
+class Stream:
+    """An ordered queue of work on one device.
+
+    Every method that enqueues returns as soon as the work is queued; the work
+    runs asynchronously in the order it was enqueued. Methods validate all
+    arguments before anything is enqueued: a call that raises enqueued nothing.
+
+    Thread rules: a stream may be used from several threads; the order of work
+    enqueued concurrently from different threads is the order the calls reach
+    the backend.
+    """
+
+    __slots__ = ("_runtime", "_backend", "_handle", "_priority", "_owned", "_closed", "_name", "_foreign", "__weakref__")
+
+    def __init__(self, runtime: Runtime, handle: int, *, priority: int = 0, owned: bool, name: str | None = None, foreign: Any = None) -> None:
+        self._runtime = runtime
+        self._backend = runtime.backend
+        self._handle = handle
+        self._priority = priority
+        self._owned = owned
+        self._closed = False
+        self._name = name or f"stream-0x{handle:x}"
+        self._foreign = foreign  # keeps a wrapped torch/cupy stream object alive
+
+    # -- properties ---------------------------------------------------------------
+    @property
+    def handle(self) -> int:
+        """The raw backend stream handle (``hipStream_t`` / ``cudaStream_t`` as int): an escape hatch."""
+        return self._handle
+
+    @property
+    def runtime(self) -> Runtime:
+        return self._runtime
+
+    @property
+    def device(self) -> int:
+        return self._runtime.device
+
+    @property
+    def priority(self) -> int:
+        return self._priority
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    @property
+    def is_idle(self) -> bool:
+        """``True`` when all work enqueued so far has completed. Non-blocking."""
+        self._check_open()
+        return self._backend.stream_query(self._handle)
+
+    # -- memory operations ----------------------------------------------------------
+    def memset(self, dst: Any, value: int, nbytes: int | None = None) -> None:
+        """Set ``nbytes`` bytes of ``dst`` (default: all of it) to the byte ``value``."""
+        if self._closed:
+            self._check_open()
+        buf = self._buffer(dst, "dst")
+        if buf._readonly:
+            raise ValueError("dst is read-only")
+        if buf._kind == PAGEABLE:
+            raise ValueError("stream.memset needs device or pinned host memory; pageable host memory can be set with numpy")
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 255:
+            raise ValueError(f"memset value must be an int byte in [0, 255], got {value!r}")
+        n = buf._nbytes if nbytes is None else check_size(nbytes, "nbytes")
+        if n > buf._nbytes:
+            raise ValueError(f"memset of {n} bytes exceeds dst's {buf._nbytes} bytes")
+        tracer = self._runtime._tracer
+        if tracer is None:
+            self._backend.memset_async(buf._ptr, value, n, self._handle)
+        else:
+            tracer.op(self, "memset", n, lambda: self._backend.memset_async(buf._ptr, value, n, self._handle))
+        buf.note_stream(self)
+
+    def copy(self, dst: Any, src: Any, nbytes: int | None = None) -> None:
+        """Copy ``nbytes`` bytes (default ``src.nbytes``) from ``src`` to ``dst``; the direction is inferred.
+
+        Both sides must be device or pinned host memory: a pageable host buffer
+        raises ``ValueError`` (allocate staging from ``rt.host_allocator``).
+        """
+        if self._closed:
+            self._check_open()
+        d = self._buffer(dst, "dst")
+        s = self._buffer(src, "src")
+        if d._readonly:
+            raise ValueError("dst is read-only")
+        n = s._nbytes if nbytes is None else check_size(nbytes, "nbytes")
+        if n > s._nbytes or n > d._nbytes:
+            raise ValueError(f"copy of {n} bytes exceeds src ({s._nbytes} bytes) or dst ({d._nbytes} bytes)")
+        kind = _COPY_KIND.get((s._kind, d._kind))
+        if kind is None:
+            raise ValueError(
+                "async copies need device or pinned host memory on both sides; "
+                f"got src {s._kind}, dst {d._kind}: stage pageable data through rt.host_allocator.allocate(n)"
+            )
+        tracer = self._runtime._tracer
+        if tracer is None:
+            self._backend.memcpy_async(d._ptr, s._ptr, n, kind, self._handle)
+        else:
+            tracer.op(self, kind.name.lower(), n, lambda: self._backend.memcpy_async(d._ptr, s._ptr, n, kind, self._handle))
+        d.note_stream(self)
+        s.note_stream(self)
+
+    # -- host functions -------------------------------------------------------------------
+    def launch_host_func(self, fn: Callable[..., Any], *args: Any) -> Completion | None:
+        """Run ``fn(*args)`` on the host once prior work on this stream has completed.
+
+        Later work on the stream waits until ``fn`` returns. A Python callable
+        runs on a runtime worker thread, never on the driver's callback thread;
+        a native function (a ctypes ``CFUNCTYPE(None, c_void_p)`` or numba
+        ``cfunc``) runs directly on the driver thread with one user-data
+        argument (an int address, a ctypes object or a Buffer).
+
+        Returns, for a Python callable, a :class:`Completion` that resolves with
+        ``fn``'s result or its exception (the stream continues either way); for
+        a native function ``None``: it has no result, and the runtime keeps the
+        function object alive until it closes, so no per-call bookkeeping is
+        needed.
+
+        ``fn`` must not call HIP/CUDA and should be short: it blocks its stream.
+        """
+        if self._closed:
+            self._check_open()
+        if not callable(fn):
+            raise TypeError(f"launch_host_func needs a callable, got {type(fn).__name__}")
+        address = native_function_address(fn)
+        engine = self._runtime._engine
+        tracer = self._runtime._tracer
+        if address is None:
+            if tracer is None:
+                return engine.host_call(self._handle, fn, args)
+            return tracer.host_call(self, fn, args, engine.host_call)
+        user_data = _user_data(args)
+        self._runtime._keep_native(address, fn)
+        if tracer is None:
+            engine.host_call_native(self._handle, address, user_data)
+        else:
+            tracer.op(self, "host_native", 0, lambda: engine.host_call_native(self._handle, address, user_data))
+        return None
+
+    # -- events and ordering -----------------------------------------------------------------
+    def record(self, event: Event | None = None) -> Event:
+        """Record ``event`` (default: a new non-timing event) at the current end of the stream."""
+        if self._closed:
+            self._check_open()
+        if event is None:
+            event = self._runtime.create_event()
+        elif not isinstance(event, Event):
+            raise TypeError(f"record takes an Event, not {type(event).__name__}")
+        else:
+            if event._runtime is not self._runtime:
+                raise ValueError("event belongs to another runtime")
+            event._check_open()
+        tracer = self._runtime._tracer
+        if tracer is None:
+            self._backend.event_record(event._handle, self._handle)
+        else:
+            tracer.op(self, "record", 0, lambda: self._backend.event_record(event._handle, self._handle))
+        event._recorded_on = self._handle
+        return event
+
+    def wait(self, event: Event) -> None:
+        """Make later work on this stream wait until ``event`` has completed. Non-blocking."""
+        if self._closed:
+            self._check_open()
+        if not isinstance(event, Event):
+            raise TypeError(f"wait takes an Event, not {type(event).__name__}")
+        if event._runtime is not self._runtime:
+            raise ValueError("event belongs to another runtime")
+        event._check_open()
+        tracer = self._runtime._tracer
+        if tracer is None:
+            self._backend.stream_wait_event(self._handle, event._handle)
+        else:
+            tracer.op(self, "wait_event", 0, lambda: self._backend.stream_wait_event(self._handle, event._handle))
+
+    def wait_stream(self, other: Stream) -> None:
+        """Make later work on this stream wait for all work enqueued so far on ``other``."""
+        if not isinstance(other, Stream):
+            raise TypeError(f"wait_stream takes a Stream, not {type(other).__name__}")
+        ev = other.record()
+        try:
+            self.wait(ev)
+        finally:
+            ev.close()
+
+    def synchronize(self) -> None:
+        """Block the calling thread until all work enqueued so far has completed (the GIL is released)."""
+        self._check_open()
+        tracer = self._runtime._tracer
+        if tracer is None:
+            self._backend.stream_synchronize(self._handle)
+        else:
+            tracer.blocking(self, "stream.synchronize", lambda: self._backend.stream_synchronize(self._handle))
+
+    def wait_idle(self) -> Completion:
+        """An awaitable :class:`Completion` that resolves when the work enqueued so far has completed.
+
+        ``await stream.wait_idle()`` never blocks the event loop.
+        """
+        self._check_open()
+        return self._runtime._engine.completion_for_stream(self._handle)
+
+    # -- lifetime ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop accepting work. An owned stream is destroyed once its queued work completes
+        (destroying a stream with work in flight is legal in HIP/CUDA: the work still runs).
+        A wrapped foreign stream is left alone. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._runtime._forget_stream(self)
+        if self._owned and not self._runtime.is_closed:
+            self._backend.stream_destroy(self._handle)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"{self._name} is closed")
+        if self._runtime._closed:
+            raise ClosedError("runtime is closed")
+
+    def _buffer(self, obj: Any, what: str) -> Buffer:
+        if type(obj) is Buffer:
+            if obj._runtime is not self._runtime:
+                raise ValueError(f"{what} belongs to another runtime or device")
+            if obj._released or (obj._base is not None and obj._base._released):
+                raise ValueError(f"{what} used after release()")
+            return obj
+        if obj is None:
+            raise TypeError(f"{what} must be a Buffer or an object exposing memory, not None")
+        buf = wrap_foreign(obj, self._runtime)
+        if buf._runtime is not self._runtime:
+            raise ValueError(f"{what} belongs to another runtime or device")
+        buf.check_usable()
+        return buf
+
+    def __repr__(self) -> str:
+        return f"<Stream {self._name} priority={self._priority}{' closed' if self._closed else ''}>"

@@ -1,0 +1,166 @@
+"""Bad input gets a clear error and enqueues nothing, on every backend."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import streamrt as srt
+
+
+@pytest.fixture
+def setup(rt: srt.Runtime):
+    s = rt.create_stream()
+    d = rt.device_allocator.allocate(64)
+    h = rt.host_allocator.allocate(64)
+    h.numpy()[:] = 0xEE
+    s.memset(d, 0x11)
+    s.synchronize()
+    return s, d, h
+
+
+def _nothing_enqueued(rt: srt.Runtime, s: srt.Stream, d: srt.Buffer, h: srt.Buffer) -> None:
+    """The device buffer still holds 0x11 and the host buffer 0xEE: nothing ran."""
+    assert s.is_idle
+    probe = rt.host_allocator.allocate(64)
+    s.copy(probe, d)
+    s.synchronize()
+    assert (probe.numpy() == 0x11).all()
+    assert (h.numpy() == 0xEE).all()
+
+
+@pytest.mark.parametrize("nbytes", [65, 1 << 40])
+def test_copy_larger_than_either_buffer(rt, setup, nbytes) -> None:
+    s, d, h = setup
+    with pytest.raises(ValueError, match="exceeds"):
+        s.copy(h, d, nbytes=nbytes)
+    small = rt.host_allocator.allocate(8)
+    with pytest.raises(ValueError, match="exceeds"):
+        s.copy(small, d, nbytes=16)
+    _nothing_enqueued(rt, s, d, h)
+
+
+def test_memset_larger_than_the_buffer(rt, setup) -> None:
+    s, d, h = setup
+    with pytest.raises(ValueError, match="exceeds"):
+        s.memset(d, 0, nbytes=65)
+    _nothing_enqueued(rt, s, d, h)
+
+
+@pytest.mark.parametrize("nbytes, error", [(-1, ValueError), (1.5, TypeError), ("8", TypeError), (True, TypeError)])
+def test_negative_or_non_integer_sizes(rt, setup, nbytes, error) -> None:
+    s, d, h = setup
+    with pytest.raises(error, match="nbytes"):
+        s.copy(h, d, nbytes=nbytes)
+    with pytest.raises(error, match="nbytes"):
+        s.memset(d, 0, nbytes=nbytes)
+    with pytest.raises(error):
+        rt.device_allocator.allocate(nbytes)
+    _nothing_enqueued(rt, s, d, h)
+
+
+@pytest.mark.parametrize("value", [-1, 256, 1.0, None])
+def test_memset_value_must_be_a_byte(rt, setup, value) -> None:
+    s, d, h = setup
+    with pytest.raises(ValueError, match="memset value"):
+        s.memset(d, value)
+    _nothing_enqueued(rt, s, d, h)
+
+
+def test_none_where_a_buffer_is_expected(rt, setup) -> None:
+    s, d, h = setup
+    with pytest.raises(TypeError, match="None"):
+        s.copy(None, d)
+    with pytest.raises(TypeError, match="None"):
+        s.copy(h, None)
+    with pytest.raises(TypeError, match="None"):
+        s.memset(None, 0)
+    _nothing_enqueued(rt, s, d, h)
+
+
+def test_closed_stream(rt, setup) -> None:
+    s, d, h = setup
+    other = rt.create_stream()
+    other.close()
+    for call in (lambda: other.memset(d, 0), lambda: other.copy(h, d), lambda: other.record(),
+                 lambda: other.launch_host_func(print), lambda: other.synchronize()):
+        with pytest.raises(srt.ClosedError):
+            call()
+    other.close()  # idempotent
+    _nothing_enqueued(rt, s, d, h)
+
+
+def test_closed_runtime(backend) -> None:
+    rt = srt.open_runtime(backend)
+    s = rt.create_stream()
+    d = rt.device_allocator.allocate(8)
+    rt.close()
+    rt.close()  # idempotent
+    with pytest.raises(srt.ClosedError):
+        s.memset(d, 0)
+    with pytest.raises(srt.ClosedError):
+        rt.create_stream()
+    with pytest.raises(srt.ClosedError):
+        rt.create_event()
+
+
+def test_buffer_from_another_runtime(rt, setup, backend) -> None:
+    s, d, h = setup
+    with srt.open_runtime(backend) as other:
+        foreign = other.device_allocator.allocate(64)
+        with pytest.raises(ValueError, match="another runtime"):
+            s.copy(h, foreign)
+        with pytest.raises(ValueError, match="another runtime"):
+            s.memset(foreign, 0)
+        ev = other.create_event()
+        with pytest.raises(ValueError, match="another runtime"):
+            s.wait(ev)
+    _nothing_enqueued(rt, s, d, h)
+
+
+def test_pageable_host_memory_in_an_async_copy_is_an_error(rt, setup) -> None:
+    s, d, h = setup
+    pageable = np.zeros(64, np.uint8)
+    with pytest.raises(ValueError, match="pinned"):
+        s.copy(pageable, d)
+    with pytest.raises(ValueError, match="pinned"):
+        s.copy(d, pageable)
+    with pytest.raises(ValueError, match="pageable"):
+        s.memset(pageable, 0)
+    _nothing_enqueued(rt, s, d, h)
+
+
+def test_read_only_destination(rt, setup) -> None:
+    s, d, h = setup
+    ro = rt.as_buffer(bytes(64))
+    with pytest.raises(ValueError, match="read-only"):
+        s.copy(ro, d)
+    _nothing_enqueued(rt, s, d, h)
+
+
+def test_buffer_used_after_release_and_released_twice(rt, setup) -> None:
+    s, d, h = setup
+    tmp = rt.device_allocator.allocate(64)
+    tmp.release()
+    with pytest.raises(ValueError, match="after release"):
+        s.memset(tmp, 0)
+    with pytest.raises(ValueError, match="released twice"):
+        tmp.release()
+    _nothing_enqueued(rt, s, d, h)
+
+
+def test_non_callable_host_function(rt, setup) -> None:
+    s, d, h = setup
+    with pytest.raises(TypeError, match="callable"):
+        s.launch_host_func(42)
+    _nothing_enqueued(rt, s, d, h)
+
+
+def test_unknown_backend_name() -> None:
+    with pytest.raises(ValueError, match="unknown backend 'metal'"):
+        srt.open_runtime("metal")
+
+
+def test_device_out_of_range(backend) -> None:
+    with pytest.raises(ValueError, match="does not exist"):
+        srt.open_runtime(backend, device=4096)

@@ -1,0 +1,239 @@
+"""Completion, asyncio awaits and Python host functions on every backend (issue 3).
+
+Each test states one behaviour of the public API (``Stream.wait_idle``,
+``await event``, ``Stream.launch_host_func``) that must hold on sim, cuda and
+hip alike; the engine-level details are covered in tests/unit/completion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import weakref
+
+import pytest
+
+import streamrt as srt
+from streamrt._native import SEM_WAIT_ADDRESS, Semaphore
+
+
+class _Gate:
+    """Holds a stream (libc ``sem_wait`` as a native host function) until opened."""
+
+    def __init__(self, rt: srt.Runtime, s: srt.Stream) -> None:
+        self.sem = Semaphore(0)
+        rt.backend.launch_host_func(s.handle, SEM_WAIT_ADDRESS, self.sem.address)
+
+    def open(self) -> None:
+        self.sem.post()
+
+
+@pytest.fixture
+def gates(rt: srt.Runtime) -> object:
+    made: list[_Gate] = []
+
+    def make(s: srt.Stream) -> _Gate:
+        g = _Gate(rt, s)
+        made.append(g)
+        return g
+
+    yield make
+    for g in made:
+        g.open()
+    rt.synchronize()
+    for g in made:
+        g.sem.destroy()
+
+
+@pytest.mark.asyncio
+async def test_await_wait_idle_sees_the_copy(rt: srt.Runtime) -> None:
+    s = rt.create_stream()
+    n = 1 << 16
+    d = rt.device_allocator.allocate(n, stream=s)
+    h = rt.host_allocator.allocate(n)
+    for value in (3, 7, 11):
+        s.memset(d, value)
+        s.copy(h, d)
+        await s.wait_idle()
+        assert (h.numpy() == value).all()
+
+
+@pytest.mark.asyncio
+async def test_await_event_resolves_after_recorded_work(rt: srt.Runtime, gates: object) -> None:
+    s = rt.create_stream()
+    gate = gates(s)  # type: ignore[operator]
+    ev = s.record()
+    waiter = asyncio.ensure_future(_await(ev))
+    await asyncio.sleep(0.02)
+    assert not waiter.done()
+    gate.open()
+    await asyncio.wait_for(waiter, 10)
+    assert ev.is_done
+
+
+async def _await(obj: object) -> object:
+    return await obj  # type: ignore[misc]
+
+
+@pytest.mark.asyncio
+async def test_python_host_func_runs_on_a_runtime_worker_in_stream_order(rt: srt.Runtime) -> None:
+    """D2H copy -> Python host fn edits the pinned buffer -> H2D copy: the seed workload's shape."""
+    s = rt.create_stream()
+    n = 4096
+    d = rt.device_allocator.allocate(n, stream=s)
+    h = rt.host_allocator.allocate(n)
+    out = rt.host_allocator.allocate(n)
+    s.memset(d, 5)
+    s.copy(h, d)
+    seen: dict[str, object] = {}
+
+    def pack(buf: srt.Buffer) -> int:
+        seen["thread"] = threading.current_thread().name
+        arr = buf.numpy()
+        seen["before"] = int(arr[0])
+        arr[:] = arr + 1
+        return int(arr.sum())
+
+    c = s.launch_host_func(pack, h)
+    assert isinstance(c, srt.Completion)
+    s.copy(d, h)
+    s.copy(out, d)
+    assert await c == 6 * n
+    await s.wait_idle()
+    assert seen["before"] == 5
+    assert str(seen["thread"]).startswith("streamrt-host-")
+    assert (out.numpy() == 6).all()
+
+
+@pytest.mark.asyncio
+async def test_host_func_exception_reaches_the_awaiter_and_the_stream_goes_on(rt: srt.Runtime) -> None:
+    s = rt.create_stream()
+
+    def fail() -> None:
+        raise ArithmeticError("raised in a host function")
+
+    bad = s.launch_host_func(fail)
+    good = s.launch_host_func(lambda: "after")
+    with pytest.raises(ArithmeticError, match="raised in a host function"):
+        await bad  # type: ignore[misc]
+    assert await good == "after"  # type: ignore[misc]
+    await s.wait_idle()
+
+
+def test_completions_retire_in_stream_order(rt: srt.Runtime, gates: object) -> None:
+    s = rt.create_stream()
+    gate = gates(s)  # type: ignore[operator]
+    order: list[int] = []
+    lock = threading.Lock()
+    completions = []
+    for i in range(100):
+        c = s.launch_host_func(lambda: None) if i % 7 == 0 else s.wait_idle()
+        assert c is not None
+        c.add_done_callback(lambda _c, i=i: (lock.acquire(), order.append(i), lock.release()))
+        completions.append(c)
+    gate.open()
+    for c in completions:
+        c.wait(10)
+    assert order == list(range(100))
+
+
+@pytest.mark.asyncio
+async def test_cancelling_an_await_keeps_the_work_and_its_keepalive(rt: srt.Runtime, gates: object) -> None:
+    s = rt.create_stream()
+    gate = gates(s)  # type: ignore[operator]
+
+    class Token:
+        pass
+
+    token = Token()
+    ref = weakref.ref(token)
+    c = rt._engine.completion_for_stream(s.handle, keepalive=token)
+    del token
+    t = asyncio.ensure_future(_await(c))
+    await asyncio.sleep(0.01)
+    t.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await t
+    assert ref() is not None and not c.is_done
+    gate.open()
+    await c
+    await s.wait_idle()
+    for _ in range(1000):
+        if ref() is None:
+            break
+        await asyncio.sleep(0.001)
+    assert ref() is None
+
+
+@pytest.mark.asyncio
+async def test_10000_awaits_across_8_streams_from_1000_tasks(rt: srt.Runtime) -> None:
+    streams = [rt.create_stream() for _ in range(8)]
+    d = rt.device_allocator.allocate(1000)
+    h = rt.host_allocator.allocate(1000)
+    hv = h.numpy()
+    checked = 0
+
+    async def task(t: int) -> None:
+        nonlocal checked
+        for i in range(10):
+            s = streams[(t + i) % 8]
+            value = (t * 3 + i) % 255 + 1
+            s.memset(d.view(t, 1), value)
+            s.copy(h.view(t, 1), d.view(t, 1))
+            await s.wait_idle()
+            assert hv[t] == value
+            hv[t] = 0
+            checked += 1
+
+    await asyncio.gather(*(task(t) for t in range(1000)))
+    assert checked == 10_000
+    rt._engine.drain()
+    stats = rt._engine.statistics()
+    assert stats.pending == 0 and stats.host_calls_pending == 0 and stats.failed == 0
+
+
+def test_awaits_under_uvloop(rt: srt.Runtime) -> None:
+    uvloop = pytest.importorskip("uvloop")
+    s = rt.create_stream()
+    d = rt.device_allocator.allocate(64, stream=s)
+    h = rt.host_allocator.allocate(64)
+
+    async def main() -> int:
+        total = 0
+        for i in range(50):
+            s.memset(d, i)
+            s.copy(h, d)
+            await s.wait_idle()
+            total += int(h.numpy()[0])
+            total += await s.launch_host_func(lambda: 1)  # type: ignore[misc]
+        return total
+
+    loop = uvloop.new_event_loop()
+    try:
+        assert loop.run_until_complete(main()) == sum(range(50)) + 50
+    finally:
+        loop.close()
+
+
+def test_switch_interval_lowered_only_while_a_python_host_func_is_pending(rt: srt.Runtime, gates: object) -> None:
+    before = sys.getswitchinterval()
+    s = rt.create_stream()
+    gate = gates(s)  # type: ignore[operator]
+    c = s.launch_host_func(sys.getswitchinterval)
+    assert sys.getswitchinterval() < before
+    gate.open()
+    assert c is not None and c.result(10) < before
+    rt._engine.drain()
+    assert sys.getswitchinterval() == before
+
+
+def test_runtime_close_drains_pending_completions(backend: str) -> None:
+    runtime = srt.open_runtime(backend)
+    s = runtime.create_stream()
+    d = runtime.device_allocator.allocate(1 << 20, stream=s)
+    s.memset(d, 1)
+    cs = [s.wait_idle(), s.launch_host_func(lambda: "done")]
+    runtime.close()
+    assert all(c is not None and c.is_done for c in cs)
+    assert cs[1].result() == "done"  # type: ignore[union-attr]

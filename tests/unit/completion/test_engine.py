@@ -1,0 +1,485 @@
+"""The completion engine on the sim backend: lanes, keepalives, host calls, faults, shutdown."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import sys
+import threading
+import time
+import weakref
+from typing import Any
+
+import pytest
+from _completion_helpers import FaultyBackend, Harness, wait_until
+
+from streamrt._completion import Completion, CompletionEngine
+from streamrt._errors import BackendError, CaptureError, ClosedError
+from streamrt._native import SEM_POST_ADDRESS, Semaphore
+
+
+class Token:
+    """A keepalive whose release is observable."""
+
+
+def _engine_threads(engine: CompletionEngine) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if engine.owns_thread(t) and t.is_alive()]
+
+
+# -- completion_for_stream -------------------------------------------------------------
+
+
+def test_completion_resolves_only_after_prior_work(harness: Harness, engine: CompletionEngine) -> None:
+    s = harness.stream()
+    gate = harness.gate(s)
+    c = engine.completion_for_stream(s)
+    time.sleep(0.03)
+    assert not c.is_done
+    gate.open()
+    c.wait(5)
+    assert c.is_done and c.result() is None
+
+
+def test_completions_and_host_calls_retire_in_stream_order(harness: Harness, engine: CompletionEngine) -> None:
+    s = harness.stream()
+    gate = harness.gate(s)  # everything piles up behind the gate, then retires in batches
+    order: list[int] = []
+    lock = threading.Lock()
+
+    def note(i: int) -> Any:
+        def cb(_: Completion) -> None:
+            with lock:
+                order.append(i)
+
+        return cb
+
+    completions = []
+    for i in range(300):
+        if i % 10 == 3:
+            c = engine.host_call(s, lambda: None)
+        else:
+            c = engine.completion_for_stream(s)
+        c.add_done_callback(note(i))
+        completions.append(c)
+    gate.open()
+    for c in completions:
+        c.wait(10)
+    assert order == list(range(300))
+    stats = engine.statistics()
+    assert stats.max_batch > 1  # one blocking wait retired several completed events
+
+
+def test_each_stream_has_its_own_lane_and_a_held_stream_does_not_hold_others(harness: Harness, engine: CompletionEngine) -> None:
+    held, free = harness.stream(), harness.stream()
+    gate = harness.gate(held)
+    c_held = engine.completion_for_stream(held)
+    c_free = engine.completion_for_stream(free)
+    c_free.wait(5)
+    assert not c_held.is_done
+    assert engine.statistics().lanes == 2
+    gate.open()
+    c_held.wait(5)
+
+
+def test_keepalive_dropped_on_the_lane_thread_after_the_event_before_resolution(
+    harness: Harness, engine: CompletionEngine
+) -> None:
+    s = harness.stream()
+    gate = harness.gate(s)
+    token = Token()
+    seen: dict[str, object] = {}
+    c = engine.completion_for_stream(s, keepalive=[token, "buffers"])
+
+    def on_drop() -> None:
+        seen["thread"] = threading.current_thread().name
+        seen["gate_open"] = gate.opened
+        seen["completion_done"] = c.is_done
+
+    weakref.finalize(token, on_drop)
+    del token
+    gc.collect()
+    time.sleep(0.02)
+    assert seen == {}  # held while the work is pending
+    gate.open()
+    c.wait(5)
+    assert wait_until(lambda: "thread" in seen)
+    assert str(seen["thread"]).startswith("streamrt-lane-")
+    assert seen["gate_open"] is True
+    assert seen["completion_done"] is False  # dropped before waiters are woken
+
+
+def test_events_come_from_a_pool(harness: Harness, engine: CompletionEngine) -> None:
+    s = harness.stream()
+    for _ in range(50):
+        engine.completion_for_stream(s).wait(5)
+    stats = engine.statistics()
+    assert stats.events_created <= 2
+    assert stats.retired == 50 and stats.pending == 0 and stats.failed == 0
+
+
+def test_watch_event_callbacks_run_in_watch_order_on_the_lane(harness: Harness, engine: CompletionEngine) -> None:
+    b = harness.backend
+    s = harness.stream()
+    gate = harness.gate(s)
+    events = [b.event_create(timing=False, blocking_sync=True) for _ in range(20)]
+    calls: list[tuple[int, object, str]] = []
+    done = threading.Event()
+    for i, ev in enumerate(events):
+        b.event_record(ev, s)
+
+        def cb(err: BaseException | None, i: int = i) -> None:
+            calls.append((i, err, threading.current_thread().name))
+            if i == len(events) - 1:
+                done.set()
+
+        engine.watch_event(ev, s, cb)
+    gate.open()
+    assert done.wait(5)
+    assert [c[0] for c in calls] == list(range(20))
+    assert all(c[1] is None and c[2].startswith("streamrt-lane-") for c in calls)
+    for ev in events:
+        b.event_destroy(ev)
+
+
+def test_event_completion_of_a_user_event(harness: Harness, engine: CompletionEngine) -> None:
+    b = harness.backend
+    s = harness.stream()
+    gate = harness.gate(s)
+    ev = b.event_create(timing=False, blocking_sync=True)
+    b.event_record(ev, s)
+    c = engine.event_completion(ev, s)
+    time.sleep(0.02)
+    assert not c.is_done
+    gate.open()
+    c.wait(5)
+    engine.drain()
+    b.event_destroy(ev)
+
+
+# -- host calls ----------------------------------------------------------------------------
+
+
+def test_python_host_fn_runs_on_a_worker_not_the_caller_nor_the_driver_thread(harness: Harness, engine: CompletionEngine) -> None:
+    b = harness.backend
+    s = harness.stream()
+    driver: list[int] = []
+    # Only this test runs Python on the callback thread, to learn its identity.
+    probe = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _: driver.append(threading.get_ident()))
+    b.launch_host_func(s, ctypes.cast(probe, ctypes.c_void_p).value, 0)
+    c = engine.host_call(s, lambda: (threading.get_ident(), threading.current_thread().name))
+    ident, name = c.result(5)
+    b.stream_synchronize(s)
+    assert driver and ident != driver[0]
+    assert ident != threading.get_ident()
+    assert name.startswith("streamrt-host-")
+
+
+def test_host_call_passes_args_and_returns_the_value(harness: Harness, engine: CompletionEngine) -> None:
+    s = harness.stream()
+    c = engine.host_call(s, lambda a, b: a * b, (6, 7))
+    assert c.result(5) == 42
+
+
+def test_host_call_holds_the_stream_until_fn_returns(harness: Harness, engine: CompletionEngine) -> None:
+    s = harness.stream()
+    release = threading.Event()
+    engine.host_call(s, release.wait, (5,))
+    after = engine.completion_for_stream(s)
+    time.sleep(0.05)
+    assert not after.is_done  # later work waits for the Python function
+    release.set()
+    after.wait(5)
+
+
+def test_host_fn_exception_reaches_the_waiter_and_the_stream_goes_on(harness: Harness, engine: CompletionEngine) -> None:
+    s = harness.stream()
+
+    def boom() -> None:
+        raise ZeroDivisionError("in a host function")
+
+    bad = engine.host_call(s, boom)
+    good = engine.host_call(s, lambda: "still running")
+    tail = engine.completion_for_stream(s)
+    with pytest.raises(ZeroDivisionError, match="in a host function"):
+        bad.result(5)
+    assert good.result(5) == "still running"
+    tail.wait(5)
+    assert tail.exception() is None
+
+
+def test_host_call_refuses_a_capturing_stream(harness: Harness, engine: CompletionEngine) -> None:
+    b = harness.backend
+    if not b.capabilities(0).supports_graphs:
+        pytest.skip("backend has no graphs")
+    s = harness.stream()
+    b.stream_begin_capture(s, 0)
+    try:
+        with pytest.raises(CaptureError, match="host_slot"):
+            engine.host_call(s, print)
+    finally:
+        b.graph_destroy(b.stream_end_capture(s))
+
+
+def test_switch_interval_lowered_while_a_python_host_call_is_pending(harness: Harness, engine: CompletionEngine) -> None:
+    before = sys.getswitchinterval()
+    s = harness.stream()
+    gate = harness.gate(s)
+    c = engine.host_call(s, lambda: sys.getswitchinterval())
+    assert sys.getswitchinterval() == pytest.approx(5e-5)
+    assert engine.statistics().switch_interval_lowered
+    gate.open()
+    assert c.result(5) == pytest.approx(5e-5)
+    engine.drain()
+    assert sys.getswitchinterval() == before
+    assert not engine.statistics().switch_interval_lowered
+
+
+def test_switch_interval_left_alone_when_disabled(harness: Harness) -> None:
+    engine = harness.engine(python_host_switch_interval=None)
+    before = sys.getswitchinterval()
+    s = harness.stream()
+    gate = harness.gate(s)
+    c = engine.host_call(s, lambda: sys.getswitchinterval())
+    assert sys.getswitchinterval() == before
+    gate.open()
+    assert c.result(5) == before
+
+
+def test_native_host_call_runs_on_driver_and_keepalive_released_after(harness: Harness, engine: CompletionEngine) -> None:
+    s = harness.stream()
+    sem = Semaphore(0)
+    token = Token()
+    ref = weakref.ref(token)
+    engine.host_call_native(s, SEM_POST_ADDRESS, sem.address, keepalive=token)
+    del token
+    assert sem.wait(5)
+    engine.drain()
+    assert wait_until(lambda: ref() is None)
+    sem.destroy()
+    with pytest.raises(ValueError):
+        engine.host_call_native(s, 0, 0)
+
+
+# -- graph host slots ------------------------------------------------------------------------
+
+
+def test_host_slot_eager_run(harness: Harness, engine: CompletionEngine) -> None:
+    s = harness.stream()
+    box = [1]
+    slot = engine.host_slot(lambda b: b[0] * 10, (box,))
+    c = slot.arm()
+    slot.capture(s)  # on a stream that is not capturing, the slot just runs once
+    assert c.result(5) == 10
+    harness.backend.stream_synchronize(s)
+    slot.close()
+    with pytest.raises(ClosedError):
+        slot.arm()
+
+
+def test_host_slot_reruns_fn_on_every_graph_replay_with_current_inputs(harness: Harness, engine: CompletionEngine) -> None:
+    b = harness.backend
+    if not b.capabilities(0).supports_graphs:
+        pytest.skip("backend has no graphs")
+    s = harness.stream()
+    box = [0]
+    ran_on: list[str] = []
+
+    def node(bx: list[int]) -> int:
+        ran_on.append(threading.current_thread().name)
+        if bx[0] == 2:
+            raise ValueError("replay 2 failed")
+        return bx[0] * 100
+
+    slot = engine.host_slot(node, (box,))
+    b.stream_begin_capture(s, 0)
+    slot.capture(s)
+    graph = b.stream_end_capture(s)
+    exec_ = b.graph_instantiate(graph)
+    results = []
+    for i in range(4):
+        box[0] = i
+        c = slot.arm()
+        b.graph_launch(exec_, s)
+        results.append(c)
+        c.wait(5)  # the input changes for the next replay only after this one ran
+    assert [r.exception() is None for r in results] == [True, True, False, True]
+    assert [r.result() for r in results if r.exception() is None] == [0, 100, 300]
+    assert len(ran_on) == 4 and all(n.startswith("streamrt-slot-") for n in ran_on)
+    b.stream_synchronize(s)
+    b.graph_exec_destroy(exec_)
+    b.graph_destroy(graph)
+    slot.close()
+    assert engine.statistics().host_slots == 0
+
+
+def test_host_slot_fail_armed_resolves_runs_that_never_start(harness: Harness, engine: CompletionEngine) -> None:
+    slot = engine.host_slot(lambda: None)
+    c1, c2 = slot.arm(), slot.arm()
+    err = BackendError("sim", 700, "x", "stream failed", "graph_launch")
+    assert slot.fail_armed(err) == 2
+    assert c1.exception() is err and c2.exception() is err
+    slot.close()  # the semaphores are leaked, not freed: a failed launch might still name them
+
+
+def test_host_slot_disarm_keeps_later_replays_matched(harness: Harness, engine: CompletionEngine) -> None:
+    s = harness.stream()
+    box = [0]
+    slot = engine.host_slot(lambda b: b[0], (box,))
+    failed_launch = slot.arm()
+    err = RuntimeError("graph_launch failed")
+    assert slot.disarm(failed_launch, err) is True
+    assert failed_launch.exception() is err
+    assert slot.disarm(failed_launch, err) is False
+    box[0] = 5
+    c = slot.arm()
+    slot.capture(s)
+    assert c.result(5) == 5
+    harness.backend.stream_synchronize(s)
+    slot.close()
+
+
+# -- faults -------------------------------------------------------------------------------------
+
+
+def test_sticky_error_resolves_every_waiter_and_abandons_host_calls(harness: Harness) -> None:
+    faulty = FaultyBackend(harness.backend)
+    engine = harness.engine(faulty)
+    before = sys.getswitchinterval()
+    s = harness.stream()
+    gate = harness.gate(s)
+    ran: list[int] = []
+    c1 = engine.completion_for_stream(s)
+    h = engine.host_call(s, ran.append, (1,))
+    c2 = engine.completion_for_stream(s)
+    time.sleep(0.02)
+    faulty.fail()
+    for c in (c1, h, c2):
+        assert isinstance(c.exception(5), BackendError)
+    assert sys.getswitchinterval() == before  # no Python host call in flight any more
+    engine.drain()
+    stats = engine.statistics()
+    assert stats.host_calls_pending == 0 and stats.failed >= 3
+    gate.open()  # the device "recovers": the abandoned host function is skipped, not run
+    harness.backend.stream_synchronize(s)
+    engine.close()
+    assert ran == []
+
+
+def test_waits_on_other_lanes_fail_too(harness: Harness) -> None:
+    faulty = FaultyBackend(harness.backend)
+    engine = harness.engine(faulty)
+    streams = [harness.stream() for _ in range(3)]
+    gates = [harness.gate(s) for s in streams]
+    cs = [engine.completion_for_stream(s) for s in streams]
+    faulty.fail()
+    assert all(isinstance(c.exception(5), BackendError) for c in cs)
+    for g in gates:
+        g.open()
+
+
+# -- drain, close, lifetime -----------------------------------------------------------------------
+
+
+def test_drain_waits_for_events_and_host_calls(harness: Harness, engine: CompletionEngine) -> None:
+    s = harness.stream()
+    gate = harness.gate(s)
+    cs = [engine.completion_for_stream(s), engine.host_call(s, time.sleep, (0.01,)), engine.completion_for_stream(s)]
+    with pytest.raises(TimeoutError):
+        engine.drain(timeout=0.05)
+    gate.open_later(0.02)
+    engine.drain()
+    assert all(c.is_done for c in cs)
+    assert engine.statistics().pending == 0
+
+
+def test_close_drains_joins_threads_and_refuses_later_work(harness: Harness, engine: CompletionEngine) -> None:
+    before = sys.getswitchinterval()
+    streams = [harness.stream() for _ in range(3)]
+    gate = harness.gate(streams[0])
+    cs = [engine.completion_for_stream(s) for s in streams]
+    cs.append(engine.host_call(streams[0], lambda: "ran"))
+    threads = _engine_threads(engine)
+    assert len(threads) == 4  # three lanes and one host-call worker
+    gate.open_later(0.05)
+    engine.close()
+    assert all(c.is_done for c in cs) and cs[-1].result() == "ran"
+    assert not any(t.is_alive() for t in threads)
+    assert sys.getswitchinterval() == before
+    stats = engine.statistics()
+    assert stats.closed and stats.lanes == 0 and stats.workers == 0 and stats.pooled_events == 0
+    engine.close()  # idempotent
+    with pytest.raises(ClosedError):
+        engine.completion_for_stream(streams[1])
+    with pytest.raises(ClosedError):
+        engine.host_call(streams[1], print)
+
+
+def test_close_with_timeout_gives_up_on_stuck_work(harness: Harness, engine: CompletionEngine) -> None:
+    s = harness.stream()
+    harness.gate(s)  # never opened before close
+    token = Token()
+    ref = weakref.ref(token)
+    c = engine.completion_for_stream(s, keepalive=token)
+    h = engine.host_call(s, print)
+    del token
+    t0 = time.monotonic()
+    engine.close(timeout=0.05)
+    assert time.monotonic() - t0 < 5
+    assert isinstance(c.exception(), ClosedError) and isinstance(h.exception(), ClosedError)
+    gc.collect()
+    assert ref() is not None  # the device may still use it: leaked, not released
+
+
+def test_drain_from_a_lane_thread_is_refused(harness: Harness, engine: CompletionEngine) -> None:
+    s = harness.stream()
+    errors: list[BaseException] = []
+
+    def cb(_: Completion) -> None:
+        try:
+            engine.drain()
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    c = engine.completion_for_stream(s)
+    c.add_done_callback(cb)
+    c.wait(5)
+    assert wait_until(lambda: bool(errors))
+    assert "wait for itself" in str(errors[0])
+
+
+def test_forget_stream_lets_its_threads_finish_the_work_then_exit(harness: Harness, engine: CompletionEngine) -> None:
+    s = harness.stream()
+    gate = harness.gate(s)
+    c = engine.completion_for_stream(s)
+    h = engine.host_call(s, lambda: 5)
+    threads = _engine_threads(engine)
+    engine.forget_stream(s)  # does not block
+    assert not c.is_done
+    gate.open()
+    assert h.result(5) == 5
+    c.wait(5)
+    assert wait_until(lambda: not any(t.is_alive() for t in threads))
+    stats = engine.statistics()
+    assert stats.lanes == 0 and stats.workers == 0 and stats.retired == 2
+    assert engine.completion_for_stream(s).result(5) is None  # a fresh lane for the same handle
+
+
+def _thread_cpu_ticks(native_id: int) -> int:
+    with open(f"/proc/self/task/{native_id}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs Linux /proc")
+def test_idle_lanes_and_workers_do_not_poll(harness: Harness, engine: CompletionEngine) -> None:
+    s = harness.stream()
+    engine.host_call(s, lambda: None).wait(5)
+    engine.drain()
+    threads = _engine_threads(engine)
+    assert len(threads) == 2
+    ids = [t.native_id for t in threads if t.native_id is not None]
+    before = [_thread_cpu_ticks(i) for i in ids]
+    time.sleep(0.3)
+    after = [_thread_cpu_ticks(i) for i in ids]
+    assert [a - b for a, b in zip(after, before)] == [0] * len(ids)

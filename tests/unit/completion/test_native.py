@@ -1,0 +1,145 @@
+"""libc semaphores through ctypes (streamrt._native): the GIL-free driver-to-runtime bridge."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+
+import pytest
+
+from streamrt import _native
+from streamrt._native import SEM_POST_ADDRESS, SEM_WAIT_ADDRESS, Semaphore
+
+pytestmark = pytest.mark.skipif(_native.native_unavailable_reason() is not None, reason=str(_native.native_unavailable_reason()))
+
+_HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+def test_function_pointers_are_libc_sem_post_and_sem_wait() -> None:
+    libc = ctypes.CDLL(None)
+    assert SEM_POST_ADDRESS == ctypes.cast(libc.sem_post, ctypes.c_void_p).value
+    assert SEM_WAIT_ADDRESS == ctypes.cast(libc.sem_wait, ctypes.c_void_p).value
+    assert SEM_POST_ADDRESS != SEM_WAIT_ADDRESS
+
+
+def test_post_then_wait_counts() -> None:
+    sem = Semaphore(0)
+    try:
+        assert sem.value == 0
+        assert sem.try_wait() is False
+        sem.post()
+        sem.post()
+        assert sem.value == 2
+        assert sem.wait() is True
+        assert sem.try_wait() is True
+        assert sem.try_wait() is False
+    finally:
+        sem.destroy()
+
+
+def test_initial_value_and_negative_rejected() -> None:
+    sem = Semaphore(3)
+    assert sem.value == 3
+    sem.destroy()
+    with pytest.raises(ValueError):
+        Semaphore(-1)
+
+
+def test_timed_wait_times_out_and_zero_only_tries() -> None:
+    sem = Semaphore(0)
+    try:
+        t0 = time.monotonic()
+        assert sem.wait(0.05) is False
+        assert time.monotonic() - t0 >= 0.045
+        assert sem.wait(0) is False
+        sem.post()
+        assert sem.wait(0) is True
+    finally:
+        sem.destroy()
+
+
+def test_native_function_pointers_work_as_void_fn_void_ptr() -> None:
+    """A driver thread calls the pointers as `void fn(void*)` with the semaphore address."""
+    sem = Semaphore(0)
+    try:
+        post = _HOST_FN(SEM_POST_ADDRESS)
+        wait = _HOST_FN(SEM_WAIT_ADDRESS)
+        post(sem.address)
+        assert sem.value == 1
+        wait(sem.address)
+        assert sem.value == 0
+    finally:
+        sem.destroy()
+
+
+def test_wait_releases_the_gil() -> None:
+    """While one thread blocks in sem_wait, another thread keeps running Python."""
+    sem = Semaphore(0)
+    entered = threading.Event()
+
+    def waiter() -> None:
+        entered.set()
+        sem.wait()
+
+    t = threading.Thread(target=waiter, daemon=True)
+    t.start()
+    entered.wait()
+    # If sem_wait held the GIL, this loop could not make progress until the post.
+    count = 0
+    deadline = time.monotonic() + 0.05
+    while time.monotonic() < deadline:
+        count += 1
+    assert count > 1000
+    assert t.is_alive()
+    sem.post()
+    t.join(5)
+    assert not t.is_alive()
+    sem.destroy()
+
+
+def test_post_from_native_thread_wakes_python_waiter() -> None:
+    """A post made by native code on another thread (as a driver does) wakes a blocked waiter."""
+    sem = Semaphore(0)
+    woke = threading.Event()
+
+    def waiter() -> None:
+        assert sem.wait(5.0)
+        woke.set()
+
+    t = threading.Thread(target=waiter, daemon=True)
+    t.start()
+    time.sleep(0.01)
+    assert not woke.is_set()
+    poster = threading.Thread(target=_HOST_FN(SEM_POST_ADDRESS), args=(sem.address,))
+    poster.start()
+    poster.join()
+    assert woke.wait(5.0)
+    t.join(5)
+    sem.destroy()
+
+
+def test_destroy_and_leak_are_idempotent_and_final() -> None:
+    sem = Semaphore()
+    sem.destroy()
+    sem.destroy()
+    assert not sem.is_alive
+    with pytest.raises(ValueError):
+        sem.post()
+    before = _native.leaked_semaphores()
+    other = Semaphore()
+    other.leak()
+    other.leak()
+    assert _native.leaked_semaphores() == before + 1
+    with pytest.raises(ValueError):
+        _ = other.address
+    assert "destroyed" in repr(other)
+
+
+def test_address_is_aligned() -> None:
+    sems = [Semaphore() for _ in range(16)]
+    try:
+        assert all(s.address % 16 == 0 for s in sems)
+    finally:
+        for s in sems:
+            s.destroy()
