@@ -1,0 +1,94 @@
+"""Helpers for the allocator tests: stream gates and a recording, fault-injecting source."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+import allocators
+import streamrt as srt
+
+
+class Gate:
+    """Holds a stream at the current point until :meth:`open` (a Python host function blocked on an Event)."""
+
+    def __init__(self, stream: srt.Stream) -> None:
+        self.event = threading.Event()
+        self.stream = stream
+        stream.launch_host_func(self.event.wait)
+
+    @property
+    def is_open(self) -> bool:
+        return self.event.is_set()
+
+    def open(self) -> None:
+        self.event.set()
+
+
+class RecordingSource:
+    """A :class:`allocators.Source` around another: counts calls, records free threads, injects failures.
+
+    ``fail_calls``: 1-based numbers of ``allocate`` calls that raise ``OutOfMemoryError``.
+    ``capacity``: bytes this source may have outstanding; beyond it ``allocate`` raises
+    ``OutOfMemoryError`` (a device running out).
+    """
+
+    def __init__(self, inner: Any, *, fail_calls: set[int] | None = None, capacity: int | None = None) -> None:
+        self.inner = inner
+        self.kind = inner.kind
+        self.capture_safe = inner.capture_safe
+        self.fail_calls = set(fail_calls or ())
+        self.capacity = capacity
+        self.lock = threading.Lock()
+        self.allocate_calls = 0
+        self.outstanding: dict[int, int] = {}
+        self.freed: list[int] = []
+        self.free_threads: list[int] = []
+        self.closed = False
+
+    def allocate(self, nbytes: int, stream: srt.Stream | None) -> int:
+        with self.lock:
+            self.allocate_calls += 1
+            call = self.allocate_calls
+            used = sum(self.outstanding.values())
+        if call in self.fail_calls:
+            raise srt.OutOfMemoryError(f"injected failure of allocate call {call}", requested=nbytes)
+        if self.capacity is not None and used + nbytes > self.capacity:
+            raise srt.OutOfMemoryError(f"test source capacity {self.capacity} exceeded", requested=nbytes)
+        ptr = self.inner.allocate(nbytes, stream)
+        with self.lock:
+            self.outstanding[ptr] = nbytes
+        return ptr
+
+    def free(self, ptr: int) -> None:
+        with self.lock:
+            self.free_threads.append(threading.get_ident())
+            self.freed.append(ptr)
+            del self.outstanding[ptr]
+        self.inner.free(ptr)
+
+    def close(self) -> None:
+        self.closed = True
+        self.inner.close()
+
+
+def recording(rt: srt.Runtime, kind: str, **options: Any) -> RecordingSource:
+    return RecordingSource(allocators.RawSource(rt, kind), **options)
+
+
+def conserved(stats: allocators.CachingAllocatorStatistics) -> bool:
+    """``held == in_use + cached + in_flight + capture pools``."""
+    return stats.held_bytes == stats.in_use_bytes + stats.cached_bytes + stats.in_flight_bytes + stats.capture_pool_bytes
+
+
+def read_back(rt: srt.Runtime, stream: srt.Stream, buf: srt.Buffer) -> np.ndarray:
+    """The bytes of ``buf`` (any kind), after everything enqueued on ``stream`` so far."""
+    out = rt.host_allocator.allocate(buf.nbytes)
+    try:
+        stream.copy(out, buf)
+        stream.synchronize()
+        return out.numpy().copy()
+    finally:
+        out.release()
