@@ -1,0 +1,386 @@
+"""``streamrt calibrate``: measure the simulator's cost-model constants on this GPU.
+
+The result is a :class:`~streamrt._backends.sim.SimProfile` JSON file that
+``open_runtime("sim", profile=path)`` (and ``streamrt demo --profile path``)
+loads, so the simulator replays programs with this GPU's timings.
+
+Method. Device times come from timing events; host times from
+``perf_counter`` (on a device with a virtual clock, from the backend's
+virtual host clock, so calibrating the simulator recovers its own profile:
+that is how the procedure is tested). Back-to-back device figures are
+measured on a *gated* stream: a native ``sem_wait`` host function holds the
+stream until every op of the measurement is enqueued, so the device, not the
+host, sets the pace. Each figure is the median of ``repeats`` runs.
+
+==========================  =====================================================================
+field                       measured as
+==========================  =====================================================================
+api_call_us                 host time of one raw enqueue call (1-byte memset), averaged over 200
+op_fixed_us, op_gap_us      period of back-to-back 1-byte memsets (the launch gap), split 1:2
+                            between an op's fixed cost and the gap after it (only the sum is
+                            observable on a GPU; the split matters only after host functions)
+memset_gbps, *_gbps         slope of a least-squares line through back-to-back ops of 3 sizes
+                            (memset, host-to-device, device-to-host, device-to-device, pinned
+                            host-to-host)
+host_func_us                period of back-to-back native no-op host functions
+event_record_us             period of back-to-back event records
+launch_latency_us,          device gap between an event the host synchronized on and the next
+sync_wake_us                op it enqueued, minus one API call: the sum of wake-up and launch
+                            latency, split 4:3 (the default profile's ratio)
+host_func_start_us          launch of a ``sem_post`` host function on an idle stream -> the host
+                            thread waiting on it wakes, minus launch latency and wake-up (GPU only)
+==========================  =====================================================================
+
+Kept from the defaults (not measurable here): ``kernel_default_us`` (needs a
+kernel), ``graph_node_gap_us`` (needs graph capture), ``pageable_gbps``,
+``serialize_copy_engines``. Name, memory size and SM count come from the
+device's capabilities.
+
+Blocking: runs device work for a few seconds. Thread rules: call from one thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import IO, Any, Callable, Sequence
+
+from ._backends.protocol import MemcpyKind
+from ._native import SEM_POST_ADDRESS, SEM_WAIT_ADDRESS, Semaphore
+from ._progress import Progress
+from ._runtime import Runtime, open_runtime
+
+__all__ = ["Calibration", "calibrate", "run_calibrate"]
+
+_MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What :func:`calibrate` measured: the profile, and per field the raw figure and how it was found."""
+
+    profile: Any  # SimProfile
+    measured: dict[str, float]
+    how: dict[str, str]
+    notes: tuple[str, ...]
+
+    def table(self) -> str:
+        from ._backends.sim import SimProfile
+
+        default = SimProfile()
+        rows = [("field", "default", "calibrated", "how")]
+        for f in dataclasses.fields(self.profile):
+            if f.name in ("name",):
+                continue
+            new = getattr(self.profile, f.name)
+            old = getattr(default, f.name)
+            rows.append((f.name, _fmt(old), _fmt(new), self.how.get(f.name, "kept (default)")))
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]}" for r in rows)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3f}" if v < 1e6 else f"{v:.4g}"
+    return str(v)
+
+
+class _Bench:
+    """Raw backend primitives for the measurements (no streamrt bookkeeping in the timed paths)."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.b = rt.backend
+        self.stream = self.b.stream_create(0)
+        backend = self.b
+        if rt.capabilities.virtual_clock and callable(getattr(backend, "host_now_us", None)):
+            self.host_us: Callable[[], float] = getattr(backend, "host_now_us")
+            self.virtual = True
+        else:
+            self.host_us = lambda: time.perf_counter_ns() / 1000.0
+            self.virtual = False
+        self._events: list[int] = []
+        self._allocs: list[tuple[Callable[[int], None], int]] = []
+        self.gate = Semaphore()
+        self.dummy = Semaphore()
+
+    def event(self) -> int:
+        ev = self.b.event_create(timing=True, blocking_sync=True)
+        self._events.append(ev)
+        return ev
+
+    def device(self, n: int) -> int:
+        p = self.b.malloc(n)
+        self._allocs.append((self.b.free, p))
+        return p
+
+    def host(self, n: int) -> int:
+        p = self.b.host_malloc(n)
+        self._allocs.append((self.b.host_free, p))
+        return p
+
+    def gated(self, body: Callable[[], None]) -> None:
+        """Hold the stream on a ``sem_wait`` host function while ``body`` enqueues, then release it and wait."""
+        self.b.launch_host_func(self.stream, SEM_WAIT_ADDRESS, self.gate.address)
+        try:
+            body()
+        finally:
+            self.gate.post()
+            self.b.stream_synchronize(self.stream)
+
+    def elapsed_us(self, a: int, b: int) -> float:
+        return self.b.event_elapsed_ms(a, b) * 1000.0
+
+    def close(self) -> None:
+        try:
+            self.b.stream_synchronize(self.stream)
+        finally:
+            for ev in self._events:
+                self.b.event_destroy(ev)
+            for free, p in self._allocs:
+                free(p)
+            self.b.stream_destroy(self.stream)
+            self.gate.destroy()
+            self.dummy.destroy()
+
+
+def _fit(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares ``t = c + n * k``: returns (intercept µs, GB/s = 1 / (k * 1e3))."""
+    xs = [float(n) for n, _ in points]
+    ys = [t for _, t in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    k = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    c = my - k * mx
+    return c, (1.0 / (k * 1e3)) if k > 0 else float("inf")
+
+
+def calibrate(rt: Runtime, *, repeats: int = 5, quick: bool = False, progress: Progress | None = None) -> Calibration:
+    """Measure the cost-model constants on ``rt``'s device; see the module docstring."""
+    from ._backends.sim import SimProfile
+
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    caps = rt.capabilities
+    small = quick or caps.virtual_clock
+    copy_sizes = [1 * _MIB, 2 * _MIB, 4 * _MIB] if small else [4 * _MIB, 16 * _MIB, 64 * _MIB]
+    fill_sizes = [1 * _MIB, 2 * _MIB, 4 * _MIB] if small else [16 * _MIB, 64 * _MIB, 256 * _MIB]
+    # On a virtual clock the gate holds the stream for host_func_us of virtual time only: keep
+    # the ops enqueued meanwhile few enough that the device, not the host, sets the pace.
+    n_small = 20 if caps.virtual_clock else (50 if quick else 200)
+    bench = _Bench(rt)
+    b = bench.b
+    s = bench.stream
+    measured: dict[str, float] = {}
+    how: dict[str, str] = {}
+    notes: list[str] = []
+
+    def med(fn: Callable[[], float]) -> float:
+        vals = [fn() for _ in range(repeats)]
+        if progress:
+            progress.advance()
+        return statistics.median(vals)
+
+    try:
+        dev = bench.device(max(fill_sizes + copy_sizes))
+        dev2 = bench.device(max(copy_sizes))
+        pin = bench.host(max(copy_sizes))
+        pin2 = bench.host(max(copy_sizes))
+        e = [bench.event() for _ in range(len(fill_sizes) + 2)]
+
+        # -- host cost of one API call ------------------------------------------------------------
+        def api() -> float:
+            out = 0.0
+
+            def body() -> None:
+                nonlocal out
+                t0 = bench.host_us()
+                for _ in range(n_small):
+                    b.memset_async(dev, 0, 1, s)
+                out = (bench.host_us() - t0) / n_small
+
+            bench.gated(body)
+            return out
+
+        measured["api_call_us"] = med(api)
+
+        # -- launch gap: back-to-back 1-byte memsets ----------------------------------------------------
+        def period(enqueue_one: Callable[[], None], lead: Callable[[], None] | None = None) -> Callable[[], float]:
+            def run() -> float:
+                def body() -> None:
+                    if lead is not None:
+                        lead()
+                    b.event_record(e[0], s)
+                    for _ in range(n_small):
+                        enqueue_one()
+                    b.event_record(e[1], s)
+
+                bench.gated(body)
+                return bench.elapsed_us(e[0], e[1]) / n_small
+
+            return run
+
+        tiny = lambda: b.memset_async(dev, 0, 1, s)  # noqa: E731
+        gap = med(period(tiny, lead=tiny))
+        measured["launch_gap_us"] = gap
+
+        # -- bandwidths: back-to-back ops of three sizes ------------------------------------------------------
+        def series(enqueue: Callable[[int], None], sizes: Sequence[int]) -> Callable[[], tuple[float, float]]:
+            def run() -> tuple[float, float]:
+                def body() -> None:
+                    enqueue(1)  # a work op first: every measured op then follows work (pays the gap)
+                    b.event_record(e[0], s)
+                    for i, n in enumerate(sizes):
+                        enqueue(n)
+                        b.event_record(e[i + 1], s)
+
+                bench.gated(body)
+                pts = [(n, bench.elapsed_us(e[i], e[i + 1])) for i, n in enumerate(sizes)]
+                return _fit(pts)
+
+            return run
+
+        def fit_med(run: Callable[[], tuple[float, float]]) -> tuple[float, float]:
+            fits = [run() for _ in range(repeats)]
+            if progress:
+                progress.advance()
+            return statistics.median(f[0] for f in fits), statistics.median(f[1] for f in fits)
+
+        _, memset_bw = fit_med(series(lambda n: b.memset_async(dev, 0, n, s), fill_sizes))
+        measured["memset_gbps"] = memset_bw
+        copies = {
+            "h2d_gbps": lambda n: b.memcpy_async(dev, pin, n, MemcpyKind.HOST_TO_DEVICE, s),
+            "d2h_gbps": lambda n: b.memcpy_async(pin, dev, n, MemcpyKind.DEVICE_TO_HOST, s),
+            "d2d_gbps": lambda n: b.memcpy_async(dev2, dev, n, MemcpyKind.DEVICE_TO_DEVICE, s),
+            "h2h_gbps": lambda n: b.memcpy_async(pin2, pin, n, MemcpyKind.HOST_TO_HOST, s),
+        }
+        for name, enqueue in copies.items():
+            _, bw = fit_med(series(enqueue, copy_sizes))
+            measured[name] = bw
+
+        # -- host functions and event records -----------------------------------------------------------------
+        measured["host_func_us"] = med(period(lambda: b.launch_host_func(s, SEM_POST_ADDRESS, bench.dummy.address)))
+        extra = bench.event()
+        measured["event_record_us"] = med(period(lambda: b.event_record(extra, s)))
+
+        # -- wake-up + launch latency: the device gap around a host synchronize ---------------------------------
+        def turnaround() -> float:
+            b.memset_async(dev, 0, 1, s)
+            b.event_record(e[0], s)
+            b.event_synchronize(e[0])
+            b.event_record(e[1], s)
+            b.event_synchronize(e[1])
+            return bench.elapsed_us(e[0], e[1])
+
+        measured["sync_turnaround_us"] = med(turnaround)
+
+        # -- launch -> host function start (real time only) -----------------------------------------------------
+        if not bench.virtual:
+            waker = Semaphore()
+
+            def hostfn_start() -> float:
+                b.stream_synchronize(s)
+                t0 = time.perf_counter_ns()
+                b.launch_host_func(s, SEM_POST_ADDRESS, waker.address)
+                waker.wait()
+                return (time.perf_counter_ns() - t0) / 1000.0
+
+            try:
+                measured["host_func_launch_to_wake_us"] = med(hostfn_start)
+            finally:
+                b.stream_synchronize(s)
+                waker.destroy()
+        else:
+            notes.append("host_func_start_us kept: a host function's start is not observable on a virtual clock")
+    finally:
+        bench.close()
+
+    default = SimProfile()
+    api_us = max(measured["api_call_us"], 0.0)
+    fixed = gap / 3.0
+    sync_sum = max(measured["sync_turnaround_us"] - api_us, 0.0)
+    launch = sync_sum * 4.0 / 7.0
+    wake = sync_sum - launch
+    fields: dict[str, Any] = {
+        "name": f"{caps.device_name} (calibrated)",
+        "total_memory": caps.total_memory,
+        "multiprocessor_count": caps.multiprocessor_count,
+        "api_call_us": round(api_us, 3),
+        "op_fixed_us": round(fixed, 3),
+        "op_gap_us": round(gap - fixed, 3),
+        "memset_gbps": round(measured["memset_gbps"], 3),
+        "h2d_gbps": round(measured["h2d_gbps"], 3),
+        "d2h_gbps": round(measured["d2h_gbps"], 3),
+        "d2d_gbps": round(measured["d2d_gbps"], 3),
+        "h2h_gbps": round(measured["h2h_gbps"], 3),
+        "host_func_us": round(measured["host_func_us"], 3),
+        "event_record_us": round(max(measured["event_record_us"], 0.0), 3),
+        "launch_latency_us": round(launch, 3),
+        "sync_wake_us": round(wake, 3),
+    }
+    how.update(
+        {
+            "total_memory": "device capabilities",
+            "multiprocessor_count": "device capabilities",
+            "api_call_us": f"raw enqueue call, mean of {n_small}",
+            "op_fixed_us": f"launch gap {gap:.3f} us x 1/3",
+            "op_gap_us": f"launch gap {gap:.3f} us x 2/3",
+            "memset_gbps": "line through 3 sizes",
+            "h2d_gbps": "line through 3 sizes",
+            "d2h_gbps": "line through 3 sizes",
+            "d2d_gbps": "line through 3 sizes",
+            "h2h_gbps": "line through 3 sizes (pinned)",
+            "host_func_us": "period of native no-op host functions",
+            "event_record_us": "period of event records",
+            "launch_latency_us": f"sync turnaround {measured['sync_turnaround_us']:.3f} us - api, x 4/7",
+            "sync_wake_us": f"sync turnaround {measured['sync_turnaround_us']:.3f} us - api, x 3/7",
+        }
+    )
+    if "host_func_launch_to_wake_us" in measured:
+        start = max(measured["host_func_launch_to_wake_us"] - api_us - launch - wake, 0.0)
+        fields["host_func_start_us"] = round(start, 3)
+        how["host_func_start_us"] = f"launch->wake {measured['host_func_launch_to_wake_us']:.3f} us - api - launch - wake"
+    for name, value in list(fields.items()):
+        if isinstance(value, float) and name.endswith("_gbps") and not value < float("inf"):
+            fields[name] = getattr(default, name)
+            notes.append(f"{name}: the fit found no size dependence; kept the default")
+    profile = default.replace(**fields)
+    return Calibration(profile, measured, how, tuple(notes))
+
+
+def run_calibrate(
+    backend: str = "auto",
+    *,
+    device: int = 0,
+    out: str | None = None,
+    repeats: int = 5,
+    quick: bool = False,
+    stream: IO[str] | None = None,
+) -> int:
+    """Calibrate on ``backend``/``device``, print the table and write the profile JSON. Returns the exit status."""
+    stream = stream or sys.stdout
+    if quick:
+        repeats = min(repeats, 3)
+    with open_runtime(backend, device) as rt:
+        caps = rt.capabilities
+        if caps.is_simulated:
+            print("calibrating the simulator itself: this checks the procedure (it should recover the profile in use)", file=stream)
+        print(f"calibrating {rt.backend_name}:{device} {caps.device_name} ({caps.architecture})", file=stream)
+        with Progress(9, "calibrate", stream=sys.stderr) as bar:
+            cal = calibrate(rt, repeats=repeats, quick=quick, progress=bar)
+    path = out or f"sim-profile-{_slug(caps.device_name)}.json"
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    cal.profile.to_json(path)
+    print(cal.table(), file=stream)
+    for n in cal.notes:
+        print(f"note: {n}", file=stream)
+    print(f"\nwrote {path}; use it with open_runtime('sim', profile={path!r}) or `streamrt demo --profile {path}`", file=stream)
+    return 0
+
+
+def _slug(name: str) -> str:
+    return "".join(c.lower() if c.isalnum() else "-" for c in name).strip("-") or "device"
