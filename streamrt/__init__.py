@@ -19,6 +19,10 @@ from ._errors import (
     StreamRTError,
 )
 from ._event import Event
+from ._graph import Graph
+from ._pipeline import Edge, Pipeline
+from ._pipeline_nodes import Node
+from ._run import Run
 from ._runtime import Runtime, open_runtime
 from ._scheduler import Scheduler, SchedulerStatistics
 from ._stream import Stream
@@ -40,11 +44,16 @@ __all__ = [
     "CaptureMode",
     "ClosedError",
     "Completion",
+    "Edge",
     "Event",
+    "Graph",
     "KernelCompileError",
     "MemcpyKind",
+    "Node",
     "OutOfMemoryError",
+    "Pipeline",
     "RawAllocator",
+    "Run",
     "Runtime",
     "Scheduler",
     "SchedulerStatistics",

@@ -226,9 +226,12 @@ class _Worker:
 
         Call only after :meth:`wait_idle` (or with ``forced``): what is left in
         the queue then belongs to failed streams and will never be reached.
+        Idempotent: a slot closed by its graph and again by the engine is stopped once.
         """
         leftovers = []
         with self._cond:
+            if self._stopping:
+                return
             self._stopping = True
             leftovers = list(self._queue)
             self._queue.clear()

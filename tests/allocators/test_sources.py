@@ -52,6 +52,7 @@ def test_torch_source_host_blocks(rt: srt.Runtime, make_allocator) -> None:
     if src.pinned:
         assert rt.backend.pointer_kind(h.ptr).value == "host"
     h.release()
+    s.synchronize()  # the release fenced h behind s: once s has passed it, trim can free it
     a.trim()
     assert a.statistics().held_bytes == 0
     dev.release()

@@ -1,0 +1,411 @@
+"""Graphs: a pipeline captured once and replayed many times.
+
+``Pipeline.capture(stream)`` records the pipeline into a backend graph
+(``stream_begin_capture`` … ``stream_end_capture`` → ``graph_instantiate``) and
+returns a :class:`Graph`. Each :meth:`Graph.launch` replays the executable
+graph on a stream and returns a :class:`~streamrt.Run`.
+
+Lifetime. A Graph owns its executable graph, one host slot per Python host
+node (see :mod:`streamrt._hostcall`: the captured host node wakes the slot's
+worker, which runs ``fn(*args)`` with the *current* contents of its buffers,
+on every replay), and references to every buffer, callable and argument of
+its nodes. All of it lives until :meth:`Graph.close`; the executable graph is
+destroyed and the slots stopped only once the last replay has completed, on
+the runtime's releaser thread (never on a driver or completion thread).
+
+Rebinding. :meth:`Graph.update` points the graph at other buffers of the same
+sizes and kinds. The backend protocol has no executable-graph update or node
+parameter setters, so it re-captures the rebound pipeline into a new
+executable graph (on a pooled stream; nothing runs) and swaps it in; the old
+one is retired like on close. Replays already launched finish on the old one.
+
+Ordering. Replays run in launch order, and after the eager runs of the
+pipeline the graph was captured from (and before its later ones): they share
+one chain of runs, each waiting for the previous one's tail events when it is
+still in flight, so they never touch the shared buffers concurrently.
+
+Thread rules: ``launch``, ``update`` and ``close`` may be called from any
+thread; they are serialized per graph.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ._backends.protocol import CaptureMode
+from ._buffer import Buffer
+from ._completion import Completion
+from ._errors import CaptureError, ClosedError
+from ._pipeline_deps import ForkPlan, hazards, plan_fork, topological_order
+from ._pipeline_nodes import (
+    CopyNode,
+    EnqueueContext,
+    HostNode,
+    MemsetNode,
+    Node,
+    enqueue_plan,
+)
+from ._run import Run, RunChain, record_tail
+from ._stream import Stream
+from ._streampool import pool_for
+
+if TYPE_CHECKING:
+    from ._hostcall import HostSlot
+    from ._runtime import Runtime
+
+__all__ = ["Graph", "capture_pipeline"]
+
+
+class _GraphState:
+    """One executable graph with its host slots and keepalive; retired once unused and replaced or closed."""
+
+    __slots__ = ("buffers", "destroyed", "exec", "keep", "lock", "pending", "retiring", "runtime", "slots")
+
+    def __init__(self, runtime: Runtime, exec_handle: int, slots: list[tuple[str, HostSlot]], nodes: list[Node]) -> None:
+        self.runtime = runtime
+        self.exec = exec_handle
+        self.slots = slots
+        self.keep: tuple[Any, ...] | None = tuple(x for n in nodes for x in n.keepalive())
+        self.buffers = tuple({id(b): b for n in nodes for b in n.buffers()}.values())
+        self.pending = 0
+        self.retiring = False
+        self.lock = threading.Lock()
+        self.destroyed = False
+
+    def replay_done(self, completion: Completion) -> None:
+        """On a completion lane: one replay passed its tail."""
+        exc = completion.exception(0)
+        if exc is not None:
+            for _, slot in self.slots:
+                slot.fail_armed(exc)
+        with self.lock:
+            self.pending -= 1
+            destroy = self.retiring and self.pending == 0 and not self.destroyed
+            if destroy:
+                self.destroyed = True
+        if destroy:
+            # The slots are stopped here, on the lane: the engine's close drains its lanes before
+            # it stops the slots it still knows, so the two never stop one slot concurrently.
+            self._close_slots()
+            self.runtime.releaser.submit(self._destroy_exec)
+
+    def retire(self) -> None:
+        """Destroy once no replay is in flight: now, on the calling thread, or after the last
+        replay completed (slots on the completion lane, the executable graph on the releaser thread)."""
+        with self.lock:
+            self.retiring = True
+            destroy = self.pending == 0 and not self.destroyed
+            if destroy:
+                self.destroyed = True
+        if destroy:
+            try:
+                self._destroy_exec()
+            finally:
+                self._close_slots()
+
+    def _destroy_exec(self) -> None:
+        if not self.runtime.is_closed:
+            self.runtime.backend.graph_exec_destroy(self.exec)
+        self.keep = None
+
+    def _close_slots(self) -> None:
+        for _, slot in self.slots:
+            slot.close()
+
+
+def _capture_exec(
+    name: str, nodes: list[Node], order: list[int], plan: ForkPlan | None, stream: Stream, mode: CaptureMode
+) -> tuple[int, list[tuple[str, HostSlot]]]:
+    """Capture ``nodes`` on ``stream`` and instantiate; returns the exec and the host slots (topological order).
+
+    On any failure: ends the capture, destroys what was made, closes the
+    slots, returns side streams to a usable state, and raises ``CaptureError``.
+    """
+    rt = stream._runtime
+    backend = rt.backend
+    h = stream._handle
+    if not rt.capabilities.supports_graphs:
+        raise CaptureError(f"the {rt.backend_name} backend on this device does not support graphs")
+    if backend.stream_is_capturing(h):
+        raise CaptureError(f"{stream.name} is already capturing; end that capture first")
+    engine = rt._engine
+    slots: dict[str, HostSlot] = {}
+    try:
+        for i in order:
+            node = nodes[i]
+            if isinstance(node, HostNode) and not node.is_native:
+                slots[node.name] = engine.host_slot(node.fn, node.args)
+    except BaseException:
+        for slot in slots.values():
+            slot.close()
+        raise
+    pool = pool_for(rt) if plan is not None else None
+    sides: list[Stream] = []
+    if pool is not None and plan is not None:
+        # Create what the capture needs before it starts: no stream or event creation while capturing.
+        pool.reserve_events(1 + len(plan.signals) + len(plan.joins))
+        sides = pool.acquire_streams(plan.slots - 1, stream.priority)
+    fork_ev = None
+    ctx = EnqueueContext(capturing=True, slots=slots)
+    capturing = False
+    graph = 0
+    try:
+        backend.stream_begin_capture(h, mode)
+        capturing = True
+        if pool is not None:
+            fork_ev = pool.acquire_event()
+            backend.event_record(fork_ev.handle, h)
+        enqueue_plan(nodes, order, plan, [stream, *sides], pool, ctx, fork_from_caller=fork_ev, join=True)
+        capturing = False
+        graph = backend.stream_end_capture(h)
+        exec_handle = backend.graph_instantiate(graph)
+    except BaseException as exc:
+        if capturing:
+            try:
+                leftover = backend.stream_end_capture(h)
+            except BaseException:  # noqa: BLE001 - an invalidated capture raises here; it has ended anyway
+                leftover = 0
+            if leftover:
+                backend.graph_destroy(leftover)
+        if graph:
+            backend.graph_destroy(graph)
+        for slot in slots.values():
+            slot.close()
+        if not isinstance(exc, Exception):
+            raise
+        where = f" at node {ctx.current!r}" if ctx.current else ""
+        if isinstance(exc, CaptureError):
+            raise CaptureError(f"capturing pipeline {name!r} failed{where}: {exc}") from exc
+        raise CaptureError(f"capturing pipeline {name!r} failed{where}: {type(exc).__name__}: {exc}") from exc
+    finally:
+        if pool is not None:
+            if fork_ev is not None:
+                pool.release_event(fork_ev)
+            usable = [s for s in sides if not backend.stream_is_capturing(s.handle)]
+            for s in sides:
+                if s not in usable:  # still capturing after a failure: never hand it out again
+                    try:
+                        s.close()
+                    except Exception:  # noqa: BLE001 - a stream stuck in a failed capture; drop it
+                        pass
+            pool.release_streams(usable, stream.priority)
+    backend.graph_destroy(graph)
+    return exec_handle, [(n, slots[n]) for n in (nodes[i].name for i in order) if n in slots]
+
+
+def capture_pipeline(
+    name: str, nodes: list[Node], order: list[int], plan: ForkPlan | None, stream: Stream, mode: CaptureMode, chain: RunChain
+) -> Graph:
+    """Capture a validated pipeline (see ``Pipeline.capture``)."""
+    preds_after = [{u for u, reasons in node._pipeline._preds[node.index].items() if "after" in reasons} for node in nodes]
+    exec_handle, slots = _capture_exec(name, nodes, order, plan, stream, mode)
+    state = _GraphState(stream._runtime, exec_handle, slots, nodes)
+    return Graph(name, stream._runtime, nodes, preds_after, plan is not None, mode, state, chain)
+
+
+class Graph:
+    """A captured pipeline: replay it with :meth:`launch`. See the module docstring."""
+
+    def __init__(
+        self,
+        name: str,
+        runtime: Runtime,
+        nodes: list[Node],
+        preds_after: list[set[int]],
+        fork: bool,
+        mode: CaptureMode,
+        state: _GraphState,
+        chain: RunChain,
+    ) -> None:
+        self._name = name
+        self._runtime = runtime
+        self._nodes = nodes
+        self._preds_after = preds_after
+        self._fork = fork
+        self._mode = mode
+        self._state: _GraphState | None = state
+        self._lock = threading.Lock()
+        self._chain = chain  # shared with the pipeline it was captured from
+        self._replays = 0
+        self._updates = 0
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def runtime(self) -> Runtime:
+        return self._runtime
+
+    @property
+    def is_closed(self) -> bool:
+        return self._state is None
+
+    @property
+    def replays(self) -> int:
+        """How many times :meth:`launch` replayed the graph."""
+        return self._replays
+
+    @property
+    def updates(self) -> int:
+        """How many times :meth:`update` swapped in a re-captured executable graph."""
+        return self._updates
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        """The captured nodes (with the buffers of the latest :meth:`update`); empty once closed."""
+        return tuple(self._nodes)
+
+    @property
+    def host_slots(self) -> int:
+        """Python host nodes of the graph (each owns a host slot)."""
+        state = self._state
+        return len(state.slots) if state is not None else 0
+
+    def launch(self, stream: Stream) -> Run:
+        """Replay the graph on ``stream``; returns its :class:`Run`. Non-blocking.
+
+        Every replay reads the current contents of the device inputs and
+        re-runs the host nodes. Replays of one graph run in launch order,
+        whatever streams they are launched on.
+        """
+        if not isinstance(stream, Stream):
+            raise TypeError(f"Graph.launch takes a streamrt Stream, not {type(stream).__name__}")
+        stream._check_open()
+        if stream._runtime is not self._runtime:
+            raise ValueError("the stream belongs to another runtime than the graph")
+        backend = self._runtime.backend
+        with self._chain.lock, self._lock:
+            state = self._state
+            if state is None:
+                raise ClosedError(f"graph {self._name!r} is closed")
+            for b in state.buffers:
+                root = b._base if b._base is not None else b
+                if root._released:
+                    raise ValueError(f"graph {self._name!r} uses a released buffer ({b!r}); rebind it with update() first")
+            self._chain.wait_previous((stream,))
+            armed = [(name, slot.arm()) for name, slot in state.slots]
+            try:
+                backend.graph_launch(state.exec, stream._handle)
+            except BaseException as exc:
+                for (_, c), (_, slot) in zip(armed, state.slots):
+                    slot.disarm(c, exc)
+                raise
+            for b in state.buffers:
+                b.note_stream(stream)
+            with state.lock:
+                state.pending += 1
+            pool = pool_for(self._runtime)
+            try:
+                tail = record_tail(stream, pool, state)
+            except BaseException:
+                with state.lock:
+                    state.pending -= 1
+                raise
+            tail[2].add_done_callback(state.replay_done)
+            run = Run(self._name, "graph", (stream,), armed, [tail], pool)
+            self._chain.last = run
+            self._replays += 1
+            return run
+
+    def update(self, rebind: Mapping[Any, Buffer]) -> None:
+        """Point the graph at other buffers: ``{old_buffer: new_buffer, ...}``.
+
+        Each old buffer must be used by the graph (itself, or as the base of
+        views it uses: views are re-derived at the same offsets); the new one
+        must have the same size and kind and the same runtime. Buffers inside
+        host-node and enqueue-node arguments are rebound too (callables'
+        closures are not). Re-captures and swaps the executable graph (see the
+        module docstring). Raises ``ValueError``/``TypeError`` before changing
+        anything, ``CaptureError`` if the re-capture fails (the graph then keeps
+        its current binding).
+        """
+        if not isinstance(rebind, Mapping):
+            raise TypeError("update takes a mapping {old_buffer: new_buffer}")
+        with self._lock:
+            if self._state is None:
+                raise ClosedError(f"graph {self._name!r} is closed")
+            used: dict[int, Buffer] = {}
+            for node in self._nodes:
+                for b in node.buffers():
+                    used[id(b)] = b
+                    used[id(b.base)] = b.base
+                for a in _flat(getattr(node, "args", ())):
+                    if isinstance(a, Buffer):
+                        used[id(a)] = a
+                        used[id(a.base)] = a.base
+            mapping: dict[int, Buffer] = {}
+            for old, new in rebind.items():
+                if not isinstance(old, Buffer) or not isinstance(new, Buffer):
+                    raise TypeError("update maps streamrt Buffers to streamrt Buffers")
+                if id(old) not in used:
+                    raise ValueError(f"{old!r} is not used by graph {self._name!r}")
+                if new.nbytes != old.nbytes or new.kind != old.kind:
+                    raise ValueError(f"cannot rebind {old!r} to {new!r}: size and kind must match")
+                if new.runtime is not self._runtime:
+                    raise ValueError(f"{new!r} belongs to another runtime")
+                if new.is_released:
+                    raise ValueError(f"{new!r} was released")
+                if old.readonly is False and new.readonly:
+                    raise ValueError(f"{new!r} is read-only")
+                mapping[id(old)] = new
+            if not mapping:
+                return
+            nodes = [n._rebound(mapping) for n in self._nodes]
+            for n in nodes:
+                if isinstance(n, CopyNode) and n.nbytes and n.dst.ptr < n.src.ptr + n.nbytes and n.src.ptr < n.dst.ptr + n.nbytes:
+                    raise ValueError(f"rebinding makes copy {n.name!r} overlap its source and destination")
+                if isinstance(n, (CopyNode, MemsetNode)) and n.dst.readonly:
+                    raise ValueError(f"rebinding makes node {n.name!r} write a read-only buffer")
+            preds = [set(p) for p in self._preds_after]
+            for v, node in enumerate(nodes):
+                for u in range(v):
+                    if hazards(nodes[u].accesses, node.accesses):
+                        preds[v].add(u)
+            try:
+                order = topological_order(preds)
+            except ValueError as exc:
+                raise ValueError(f"rebinding graph {self._name!r} creates a dependency cycle") from exc
+            plan = plan_fork(order, preds) if self._fork else None
+            if plan is not None and plan.slots == 1:
+                plan = None
+            pool = pool_for(self._runtime)
+            (capture_stream,) = pool.acquire_streams(1)
+            try:
+                exec_handle, slots = _capture_exec(self._name, nodes, order, plan, capture_stream, self._mode)
+            finally:
+                pool.release_streams([capture_stream])
+            old_state = self._state
+            self._state = _GraphState(self._runtime, exec_handle, slots, nodes)
+            self._nodes = nodes
+            self._updates += 1
+        old_state.retire()
+
+    def close(self) -> None:
+        """Release everything the graph owns once its last replay has completed. Non-blocking; idempotent."""
+        with self._lock:
+            state, self._state = self._state, None
+            self._nodes = []
+            self._preds_after = []
+        if state is not None:
+            state.retire()
+
+    def __enter__(self) -> Graph:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Graph {self._name!r} nodes={len(self._nodes)} replays={self._replays}{' closed' if self._state is None else ''}>"
+
+
+def _flat(value: Any) -> list[Any]:
+    if isinstance(value, (tuple, list)):
+        out: list[Any] = []
+        for v in value:
+            out.extend(_flat(v))
+        return out
+    return [value]

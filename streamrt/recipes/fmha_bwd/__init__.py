@@ -1,0 +1,57 @@
+"""Group-mode (varlen) FMHA backward workspace prepare (DESIGN §8), the seed workload.
+
+* :mod:`.layout` — :class:`WorkspaceParams`, :func:`workspace_size` and the
+  documented metadata byte layout (the contract a device kernel must match).
+* :mod:`.reference` — the numpy oracle :func:`reference_metadata` and the fast
+  host pack :func:`pack_metadata` (byte-identical).
+* :mod:`.pipeline` — the prepare as a streamrt pipeline (:class:`WorkspacePrepare`,
+  :func:`prepare_workspace`; strategies ``"stream"``, ``"fork"``, ``"graph"``) and
+  the old synchronous baseline (``"sync"``, :func:`prepare_workspace_sync`).
+"""
+
+from __future__ import annotations
+
+from .layout import (
+    METADATA_MAGIC,
+    METADATA_VERSION,
+    STATUS_NEGATIVE_LENGTH,
+    STATUS_OK,
+    STATUS_SEQLEN_K_EXCEEDED,
+    STATUS_SEQLEN_Q_EXCEEDED,
+    STATUS_TOTAL_Q_EXCEEDED,
+    MetadataLayout,
+    WorkspaceInputError,
+    WorkspaceMetadata,
+    WorkspaceParams,
+    parse_metadata,
+    workspace_size,
+)
+from .pipeline import (
+    STRATEGIES,
+    WorkspacePrepare,
+    prepare_workspace,
+    prepare_workspace_sync,
+)
+from .reference import pack_metadata, reference_metadata
+
+__all__ = [
+    "METADATA_MAGIC",
+    "METADATA_VERSION",
+    "STATUS_NEGATIVE_LENGTH",
+    "STATUS_OK",
+    "STATUS_SEQLEN_K_EXCEEDED",
+    "STATUS_SEQLEN_Q_EXCEEDED",
+    "STATUS_TOTAL_Q_EXCEEDED",
+    "STRATEGIES",
+    "MetadataLayout",
+    "WorkspaceInputError",
+    "WorkspaceMetadata",
+    "WorkspaceParams",
+    "WorkspacePrepare",
+    "pack_metadata",
+    "parse_metadata",
+    "prepare_workspace",
+    "prepare_workspace_sync",
+    "reference_metadata",
+    "workspace_size",
+]
