@@ -20,6 +20,7 @@ from ._errors import (
 )
 from ._event import Event
 from ._graph import Graph
+from ._kernel import Kernel, KernelCache, KernelLibrary, KernelModule, KernelSpec, load_kernel, register_kernel_spec
 from ._pipeline import Edge, Pipeline
 from ._pipeline_nodes import Node
 from ._run import Run
@@ -47,7 +48,12 @@ __all__ = [
     "Edge",
     "Event",
     "Graph",
+    "Kernel",
+    "KernelCache",
     "KernelCompileError",
+    "KernelLibrary",
+    "KernelModule",
+    "KernelSpec",
     "MemcpyKind",
     "Node",
     "OutOfMemoryError",
@@ -62,6 +68,8 @@ __all__ = [
     "Trace",
     "TraceRecord",
     "TraceReport",
+    "load_kernel",
     "open_runtime",
+    "register_kernel_spec",
     "trace_label",
 ]

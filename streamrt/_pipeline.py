@@ -39,6 +39,12 @@ added when both run on the same stream, which orders them already). Graphs
 captured from the pipeline share this ordering: eager runs and replays of
 one pipeline never overlap, whatever streams they are launched on.
 
+Several devices: a pipeline may use buffers of runtimes of one backend object
+on several devices (one runtime per device). Each node then runs on a stream
+of its buffers' device, a copy between device buffers of two devices is a
+peer copy, and edges between devices become events; see
+:mod:`streamrt._pipeline_devices`.
+
 Thread rules: build a pipeline from one thread. ``launch`` and ``capture``
 may be called from any thread; concurrent launches of one pipeline are
 serialized.
@@ -54,6 +60,7 @@ from ._buffer import DEVICE, PAGEABLE, Buffer, check_size, wrap_foreign
 from ._errors import CaptureError
 from ._event import Event
 from ._pipeline_deps import CycleError, ForkPlan, hazards, plan_fork, topological_order
+from ._pipeline_devices import PeerCopyNode, check_node_devices, launch_across_devices, placement
 from ._pipeline_nodes import (
     COPY_KIND,
     CopyNode,
@@ -114,6 +121,7 @@ class Pipeline:
             raise TypeError("a pipeline needs a non-empty str name")
         self._name = name
         self._runtime = runtime
+        self._devices: dict[int, Runtime] = {}  # runtimes of other devices than self._runtime's, by device
         self._nodes: list[Node] = []
         self._names: set[str] = set()
         self._preds: list[dict[int, set[str]]] = []  # per node: predecessor index -> reasons
@@ -129,8 +137,16 @@ class Pipeline:
 
     @property
     def runtime(self) -> Runtime | None:
-        """The runtime of the pipeline's buffers (``None`` until one is known)."""
+        """The runtime of the pipeline's buffers (``None`` until one is known); with several devices,
+        the runtime of the first buffer's device."""
         return self._runtime
+
+    @property
+    def runtimes(self) -> tuple[Runtime, ...]:
+        """Every runtime whose buffers the pipeline uses (one per device), :attr:`runtime` first."""
+        if self._runtime is None:
+            return ()
+        return (self._runtime, *(self._devices[d] for d in sorted(self._devices)))
 
     @property
     def nodes(self) -> tuple[Node, ...]:
@@ -190,6 +206,7 @@ class Pipeline:
 
         Both sides must be device or pinned host memory (pageable memory
         cannot be copied asynchronously on any backend); the ranges must not overlap.
+        Device buffers of two devices make a peer copy (``memcpy_peer_async``).
         """
         name = self._new_name(name, "copy")
         d = self._buffer(dst, f"copy {name!r} dst")
@@ -208,6 +225,13 @@ class Pipeline:
         if n and d.ptr < s.ptr + n and s.ptr < d.ptr + n:
             raise ValueError(f"copy {name!r}: src and dst overlap")
         deps = self._after(after, name)
+        if d.runtime is not s.runtime and d.runtime is not None and s.runtime is not None:
+            if direction != COPY_KIND[(DEVICE, DEVICE)]:
+                raise ValueError(
+                    f"copy {name!r}: src ({s.kind}) and dst ({d.kind}) are on devices {s.device} and {d.device}; "
+                    "a copy between devices needs device buffers on both sides (a peer copy)"
+                )
+            return self._add(PeerCopyNode(self, len(self._nodes), name, d, s, n, direction), deps)
         return self._add(CopyNode(self, len(self._nodes), name, d, s, n, direction), deps)
 
     def host(
@@ -267,30 +291,26 @@ class Pipeline:
         args: Sequence[Any],
         *,
         shared_mem: int = 0,
-        reads: Iterable[Any] = (),
-        writes: Iterable[Any] = (),
+        reads: Iterable[Any] | None = None,
+        writes: Iterable[Any] | None = None,
         after: Iterable[Node] = (),
         name: str | None = None,
     ) -> Node:
-        """A kernel launch node: ``stream.launch_kernel(kernel, grid, block, args, shared_mem=...)``.
+        """A kernel launch node. Arguments are checked now, as ``Stream.launch_kernel`` checks them;
+        with ``reads`` and ``writes`` both ``None`` they come from the kernel's spec (each Buffer
+        argument, per its access mode). Kernel nodes take part in dependency inference, both
+        launch policies and capture."""
+        from ._kernel import add_kernel_node
 
-        A kernel node is an :meth:`enqueue` node whose callable is the launch,
-        so it takes part in dependency inference, both policies and capture.
-        Argument checking (count, types, sizes) is ``Stream.launch_kernel``'s;
-        it runs when the node is enqueued.
-        """
-        if not hasattr(Stream, "launch_kernel"):
-            raise NotImplementedError(
-                "kernel nodes launch through Stream.launch_kernel, which this build does not have yet; "
-                "use Pipeline.enqueue(fn) with your own launch callable meanwhile"
-            )
-        return self._enqueue_node(_launch_kernel, (kernel, grid, block, tuple(args), shared_mem), reads, writes, after, name, "kernel")
+        return add_kernel_node(
+            self, kernel, grid, block, args, shared_mem=shared_mem, reads=reads, writes=writes, after=after, name=name
+        )
 
     def record(self, event: Event, *, after: Iterable[Node] = (), name: str | None = None) -> Node:
         """Record ``event`` once the nodes in ``after`` have completed (under ``"stream"``: once
         everything enqueued before it has). Another pipeline or stream waits for it."""
         name = self._new_name(name, "record")
-        self._event(event, name)
+        self._event(event, name, record=True)
         deps = self._after(after, name)
         return self._add(RecordNode(self, len(self._nodes), name, event), deps)
 
@@ -332,15 +352,21 @@ class Pipeline:
         if not (wait_for is None or wait_for == "stream" or isinstance(wait_for, Event)):
             raise TypeError("wait_for must be 'stream', an Event or None")
         stream = self._check_stream(stream)
-        if isinstance(wait_for, Event) and wait_for._runtime is not stream._runtime:
-            raise ValueError("wait_for event belongs to another runtime")
+        if isinstance(wait_for, Event) and wait_for._runtime is not stream._runtime and wait_for._runtime._backend is not stream._backend:
+            raise ValueError("wait_for event belongs to another runtime with a different backend instance")
         if stream._backend.stream_is_capturing(stream._handle):
             raise CaptureError(
                 f"{stream.name} is capturing: launch() enqueues eager work whose completion is watched; "
                 "use pipeline.capture(stream) to record the pipeline into a graph"
             )
+        rt = stream._runtime
+        if rt._multi_device:  # host-node events and kernel launches need the stream's device current
+            stream._backend.ensure_device(rt._device)
         with self._lock:
             order, keep = self._validated()
+            where = self._placement(rt)
+            if where is not None:
+                return launch_across_devices(self, stream, order, keep, where, policy, wait_for, join)
             plan = self._fork_plan() if policy == "fork" else None
             if plan is not None and plan.slots == 1:
                 plan = None  # a single chain: nothing to fork
@@ -368,6 +394,11 @@ class Pipeline:
         stream = self._check_stream(stream)
         with self._lock:
             order, _keep = self._validated()
+            if self._devices or self._placement(stream._runtime) is not None:
+                raise CaptureError(
+                    f"pipeline {self._name!r} uses buffers of several devices: a pipeline spanning devices cannot be "
+                    "captured into one graph; capture one pipeline per device, or launch it"
+                )
             for node in self._nodes:
                 if isinstance(node, (RecordNode, WaitNode)):
                     raise CaptureError(
@@ -447,12 +478,25 @@ class Pipeline:
         if not isinstance(stream, Stream):
             raise TypeError(f"launch/capture take a streamrt Stream, not {type(stream).__name__} (wrap it with rt.wrap_stream)")
         stream._check_open()
-        if self._runtime is not None and stream._runtime is not self._runtime:
+        rt = stream._runtime
+        if self._runtime is not None and rt is not self._runtime and self._devices.get(rt._device) is not rt:
             raise ValueError(f"pipeline {self._name!r} uses buffers of another runtime than the stream's")
         for node in self._nodes:
-            if isinstance(node, (RecordNode, WaitNode)) and node.event._runtime is not stream._runtime:
+            if (
+                isinstance(node, (RecordNode, WaitNode))
+                and node.event._runtime is not rt
+                and node.event._runtime._backend is not rt._backend
+            ):
                 raise ValueError(f"node {node.name!r}: its event belongs to another runtime than the stream's")
         return stream
+
+    def _placement(self, launch: Runtime) -> list[Runtime] | None:
+        """Where each node runs for a launch from ``launch`` (``None``: all on its device). Cached per version."""
+        key = f"where:{id(launch)}"
+        cached = self._cache.get(key)
+        if cached is None:
+            cached = self._cache[key] = (placement(self._nodes, launch), launch)
+        return cached[0]
 
     def _validated(self) -> tuple[list[int], tuple[Any, ...]]:
         """Order and keepalive, after the launch-time checks. Cached per version (buffers re-checked)."""
@@ -493,6 +537,7 @@ class Pipeline:
         self._cache.clear()
 
     def _add(self, node: Node, deps: dict[int, set[str]]) -> Node:
+        check_node_devices(node)
         for u, earlier in enumerate(self._nodes):
             kinds = hazards(earlier._accesses, node._accesses)
             if kinds:
@@ -534,12 +579,16 @@ class Pipeline:
             deps.setdefault(node._index, set()).add("after")
         return deps
 
-    def _event(self, event: Any, name: str) -> None:
+    def _event(self, event: Any, name: str, record: bool = False) -> None:
+        """Check an event node's event: of this pipeline's backend; a recorded one also joins its device."""
         if not isinstance(event, Event):
             raise TypeError(f"node {name!r} needs an Event, not {type(event).__name__}")
         event._check_open()
         if self._runtime is not None and event._runtime is not self._runtime:
-            raise ValueError(f"node {name!r}: the event belongs to another runtime")
+            if event._runtime._backend is not self._runtime._backend:
+                raise ValueError(f"node {name!r}: the event belongs to another runtime with a different backend instance")
+            if record:
+                self._join_runtime(event._runtime, f"node {name!r}: the event")
 
     def _buffer(self, obj: Any, what: str) -> Buffer:
         if isinstance(obj, Buffer):
@@ -560,8 +609,19 @@ class Pipeline:
             if self._runtime is None:
                 self._runtime = rt
             elif rt is not self._runtime:
-                raise ValueError(f"{what} belongs to another runtime than the pipeline's other buffers")
+                self._join_runtime(rt, what)
         return buf
+
+    def _join_runtime(self, rt: Runtime, what: str) -> None:
+        """Accept ``rt`` as the runtime of another device of the same backend object, or raise ``ValueError``."""
+        home = self._runtime
+        assert home is not None
+        known = self._devices.get(rt._device)
+        if known is rt:
+            return
+        if rt._backend is not home._backend or rt._device == home._device or known is not None:
+            raise ValueError(f"{what} belongs to another runtime than the pipeline's other buffers")
+        self._devices[rt._device] = rt
 
     def _host_access(self, objs: Iterable[Any], name: str, what: str) -> tuple[tuple[Buffer, int], ...]:
         if isinstance(objs, (Buffer, str, bytes)) or not isinstance(objs, Iterable):
@@ -604,5 +664,3 @@ class Pipeline:
         return f"<Pipeline {self._name!r} nodes={len(self._nodes)}>"
 
 
-def _launch_kernel(stream: Stream, kernel: Any, grid: Any, block: Any, args: tuple[Any, ...], shared_mem: int) -> None:
-    stream.launch_kernel(kernel, grid, block, args, shared_mem=shared_mem)  # type: ignore[attr-defined]

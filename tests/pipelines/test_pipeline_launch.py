@@ -286,15 +286,11 @@ def test_a_node_failing_midway_raises_and_what_was_enqueued_completes(rt: srt.Ru
     assert (download(rt, s, d) == 1).all()  # the node before it ran; the one after was never enqueued
 
 
-def test_kernel_nodes_are_enqueue_nodes_over_stream_launch_kernel(rt: srt.Runtime) -> None:
+def test_kernel_nodes_take_part_in_dependency_inference(rt: srt.Runtime) -> None:
     d = rt.device_allocator.allocate(64)
     p = srt.Pipeline("kernel")
-    if not hasattr(srt.Stream, "launch_kernel"):
-        with pytest.raises(NotImplementedError, match="launch_kernel"):
-            p.kernel(object(), (1, 1, 1), (1, 1, 1), [d], writes=[d])
-        return
     first = p.memset(d, 0)
-    k = p.kernel(object(), (1, 1, 1), (1, 1, 1), [d], writes=[d])
+    k = p.kernel(rt.kernels.get("fill_u32"), 1, 16, [d, 16, 1, 0])
     assert k.kind == "kernel" and p.predecessors(k) == {first: frozenset({"WAW"})}
 
 

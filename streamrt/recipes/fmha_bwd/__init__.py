@@ -7,10 +7,13 @@
 * :mod:`.pipeline` — the prepare as a streamrt pipeline (:class:`WorkspacePrepare`,
   :func:`prepare_workspace`; strategies ``"stream"``, ``"fork"``, ``"graph"``) and
   the old synchronous baseline (``"sync"``, :func:`prepare_workspace_sync`).
+* :mod:`.device` — the device-side prepare (strategies ``"device"``, ``"device_graph"``):
+  :class:`DevicePrepare`, one kernel launch of ``kernels/fmha_bwd_prepare.hip``.
 """
 
 from __future__ import annotations
 
+from .device import DEVICE_STRATEGIES, DevicePrepare, prepare_workspace_device
 from .layout import (
     METADATA_MAGIC,
     METADATA_VERSION,
@@ -35,6 +38,8 @@ from .pipeline import (
 from .reference import pack_metadata, reference_metadata
 
 __all__ = [
+    "DEVICE_STRATEGIES",
+    "DevicePrepare",
     "METADATA_MAGIC",
     "METADATA_VERSION",
     "STATUS_NEGATIVE_LENGTH",
@@ -51,6 +56,7 @@ __all__ = [
     "pack_metadata",
     "parse_metadata",
     "prepare_workspace",
+    "prepare_workspace_device",
     "prepare_workspace_sync",
     "reference_metadata",
     "workspace_size",

@@ -27,7 +27,9 @@ Strategies (:func:`prepare_workspace` and :class:`WorkspacePrepare`):
 * ``"graph"`` — the pipeline captured once, replayed per prepare (each replay
   re-reads seqstart on the device and re-runs the pack);
 * ``"sync"`` — the old path: two blocking D2H copies (each drains the stream),
-  the pack on the calling thread, then memset(used bytes) and H2D enqueued.
+  the pack on the calling thread, then memset(used bytes) and H2D enqueued;
+* ``"device"`` / ``"device_graph"`` — no host round trip: one kernel computes the
+  metadata and zeroes the used dq_acc on the device (:mod:`.device`), eager or captured.
 
 Errors. Seqlens that do not fit the params (see ``STATUS_*``) make the pack
 write the error block (the kernel then touches nothing) and raise
@@ -56,7 +58,7 @@ if TYPE_CHECKING:
 
 __all__ = ["STRATEGIES", "WorkspacePrepare", "prepare_workspace", "prepare_workspace_sync"]
 
-STRATEGIES = ("stream", "fork", "graph", "sync")
+STRATEGIES = ("stream", "fork", "graph", "sync", "device", "device_graph")  # the last two: .device
 
 
 def _align(n: int, a: int) -> int:
@@ -244,6 +246,10 @@ def prepare_workspace(
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
+    if strategy in ("device", "device_graph"):
+        from .device import prepare_workspace_device
+
+        return prepare_workspace_device(rt, stream, params, seqstart_q, seqstart_k, workspace, strategy)
     prep = WorkspacePrepare(rt, params, seqstart_q, seqstart_k, workspace)
     try:
         if strategy == "sync":

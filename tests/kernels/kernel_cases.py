@@ -1,0 +1,104 @@
+"""Seqlen cases for the device prepare: edge cases and a hypothesis strategy, shared by the device and
+host-emulation tests. Each case is ``(params, seqstart_q, seqstart_k)``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+from kernel_helpers import seqstart
+
+from streamrt.recipes.fmha_bwd import WorkspaceParams
+
+Case = tuple[WorkspaceParams, np.ndarray, np.ndarray]
+
+
+def make_case(
+    sq: Any,
+    sk: Any,
+    *,
+    deterministic: bool = True,
+    nhead: int = 4,
+    hdim_q: int = 8,
+    kM0: int = 32,
+    kN0: int = 32,
+    num_cus: int = 16,
+    q_slack: int = 0,
+    k_slack: int = 0,
+    total_slack: int = 0,
+) -> Case:
+    """A case whose bounds fit the lengths (plus the slacks; a negative slack makes the input invalid)."""
+    q, k = seqstart(sq), seqstart(sk)
+    sqa, ska = np.diff(q.astype(np.int64)), np.diff(k.astype(np.int64))
+    params = WorkspaceParams(
+        batch=len(sq),
+        nhead=nhead,
+        hdim_q=hdim_q,
+        kM0=kM0,
+        kN0=kN0,
+        num_cus=num_cus,
+        deterministic=deterministic,
+        max_seqlen_q=max(int(sqa.max()) + q_slack, 0),
+        max_seqlen_k=max(int(ska.max()) + k_slack, 0),
+        total_q_padded=max(int(q[-1] - q[0]) + total_slack, 0),
+    )
+    return params, q, k
+
+
+def _edge_cases() -> dict[str, Case]:
+    rng = np.random.default_rng(6)
+    cases: dict[str, Case] = {
+        "all-empty": make_case([0, 0, 0], [0, 0, 0]),
+        "all-empty-nondet": make_case([0, 0, 0], [0, 0, 0], deterministic=False),
+        "seqlen-k-zero": make_case([17, 40, 3], [0, 0, 0]),
+        "some-empty": make_case([0, 50, 0, 7, 0], [30, 0, 0, 90, 1]),
+        "batch-1": make_case([100], [260]),
+        "batch-1-nondet": make_case([100], [260], deterministic=False),
+        "batch-1-one-worker": make_case([1], [1], num_cus=1),
+        "more-workers-than-units": make_case([5, 9], [20, 3], nhead=1, num_cus=200),
+        "spread-units": make_case([300, 5], [500, 40], kM0=128, kN0=16, num_cus=300, nhead=2),
+        "one-cu": make_case([64, 64, 64], [64, 128, 256], num_cus=1),
+        "h200-like": make_case(rng.integers(1, 512, 8), rng.integers(1, 512, 8), nhead=8, hdim_q=64, kM0=64, kN0=128, num_cus=132),
+        "batch-1024": make_case(rng.integers(0, 64, 1024), rng.integers(0, 64, 1024), nhead=2, hdim_q=4, num_cus=132),
+        "batch-1024-nondet": make_case(rng.integers(0, 64, 1024), rng.integers(0, 64, 1024), nhead=2, hdim_q=4, deterministic=False),
+        "batch-2100-global-scratch": make_case(rng.integers(0, 9, 2100), rng.integers(0, 9, 2100), nhead=1, hdim_q=1, num_cus=64),
+        "padded-total": make_case([10, 20], [30, 40], total_slack=1000),
+        # invalid inputs: the error block, nothing zeroed
+        "seqlen-q-exceeded": make_case([10, 20], [30, 40], q_slack=-1),
+        "seqlen-k-exceeded": make_case([10, 20], [30, 40], k_slack=-1),
+        "total-q-exceeded": make_case([10, 20], [30, 40], total_slack=-1),
+        "total-q-exceeded-nondet": make_case([10, 20], [30, 40], total_slack=-1, deterministic=False),
+    }
+    p, q, k = make_case([10, 20, 5], [30, 40, 7])
+    cases["negative-length"] = (p, q[[0, 2, 1, 3]].copy(), k)  # seqstart_q decreases
+    p, q, k = make_case([10, 20, 5], [30, 40, 7], q_slack=-1, k_slack=-1, total_slack=-1)
+    cases["every-status-bit"] = (p, q[[0, 2, 1, 3]].copy(), k)
+    return cases
+
+
+EDGE_CASES = _edge_cases()
+
+_tile = st.sampled_from([16, 32, 64, 128])
+
+
+@st.composite
+def random_cases(draw: st.DrawFn, max_batch: int = 40) -> Case:
+    batch = draw(st.integers(1, max_batch))
+    length = st.one_of(st.just(0), st.integers(0, 300))
+    sq = draw(st.lists(length, min_size=batch, max_size=batch))
+    sk = draw(st.lists(length, min_size=batch, max_size=batch))
+    slack = st.sampled_from([0, 0, 0, 5, -1])
+    return make_case(
+        sq,
+        sk,
+        deterministic=draw(st.booleans()),
+        nhead=draw(st.integers(1, 8)),
+        hdim_q=draw(st.integers(1, 32)),
+        kM0=draw(_tile),
+        kN0=draw(_tile),
+        num_cus=draw(st.integers(1, 200)),
+        q_slack=draw(slack),
+        k_slack=draw(slack),
+        total_slack=draw(slack),
+    )

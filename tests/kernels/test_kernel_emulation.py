@@ -1,0 +1,99 @@
+"""The kernel sources themselves, compiled for the host and run with emulated GPU threads and barriers
+(tests/kernels/emulation): the C++ of the device prepare matches the numpy reference bit for bit, over
+edge cases and random seqlens, with one to three blocks; fill, checksum and sleep do what their twins do.
+
+This is what checks the kernels' code on machines without a GPU (the simulator runs the numpy twins,
+not the C++). Skipped when no C++20 compiler is available."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kernel_cases import EDGE_CASES, Case, random_cases
+from kernel_helpers import aligned_bytes, emulation_library
+
+from streamrt._kernel import checksum_words, fill_words
+from streamrt.recipes.fmha_bwd import parse_metadata, reference_metadata
+
+FILL = 0xAB
+
+
+@pytest.fixture(scope="module")
+def emu() -> object:
+    lib = emulation_library()
+    if isinstance(lib, str):
+        pytest.skip(lib)
+    return lib
+
+
+def run_prepare(emu: object, case: Case, grid: int) -> None:
+    params, q, k = case
+    ref = reference_metadata(params, q, k)
+    used = parse_metadata(ref).dq_acc_used_bytes
+    region = params.metadata_region_bytes
+    tail = 4096  # bytes past the used dq_acc that must stay untouched (not the whole bound: it can be large)
+    _owner, ws = aligned_bytes(region + used + tail, FILL)
+    qq, kk = np.ascontiguousarray(q, np.int32), np.ascontiguousarray(k, np.int32)
+    emu.emu_fmha_bwd_prepare(  # type: ignore[attr-defined]
+        grid,
+        256,
+        qq.ctypes.data,
+        kk.ctypes.data,
+        ws.ctypes.data,
+        params.batch,
+        params.nhead,
+        params.hdim_q,
+        params.kM0,
+        params.kN0,
+        params.num_cus,
+        int(params.deterministic),
+        params.max_seqlen_q,
+        params.max_seqlen_k,
+        params.total_q_padded,
+    )
+    meta = ws[:region]
+    if not np.array_equal(meta, ref):
+        bad = np.flatnonzero(meta != ref)
+        raise AssertionError(f"metadata differs at bytes {bad[:16].tolist()} (of {bad.size})")
+    assert (ws[region : region + used] == 0).all()
+    assert (ws[region + used :] == FILL).all()
+
+
+@pytest.mark.parametrize("name", list(EDGE_CASES))
+def test_emulated_prepare_matches_the_reference_on_edge_cases(emu: object, name: str) -> None:
+    for grid in (1, 3):
+        run_prepare(emu, EDGE_CASES[name], grid)
+
+
+@settings(max_examples=30, deadline=None)
+@given(case=random_cases(), grid=st.integers(1, 3))
+def test_emulated_prepare_matches_the_reference_on_random_seqlens(emu: object, case: Case, grid: int) -> None:
+    run_prepare(emu, case, grid)
+
+
+def test_emulated_fill_and_checksum_match_numpy(emu: object) -> None:
+    count = 3001
+    _o, raw = aligned_bytes(4 * (count + 1), 0xEE)
+    words = raw.view(np.uint32)
+    emu.emu_fill_u32(3, 128, words.ctypes.data, count, 0xFFFFFFFE, 3)  # type: ignore[attr-defined]
+    assert np.array_equal(words[:count], fill_words(count, 0xFFFFFFFE, 3))
+    assert words[count] == 0xEEEEEEEE
+    result = np.zeros(1, np.uint64)
+    emu.emu_checksum_u32(2, 100, words.ctypes.data, count, result.ctypes.data)  # type: ignore[attr-defined]
+    assert int(result[0]) == checksum_words(words[:count])
+
+
+@pytest.mark.parametrize("timer_step_ns", [1, 1000, 1024])
+@pytest.mark.parametrize("microseconds", [10.0, 35.0, 500.0])
+def test_emulated_sleep_is_never_short_even_with_a_coarse_timer(emu: object, timer_step_ns: int, microseconds: float) -> None:
+    """A timer that advances by ~1 µs (as %globaltimer does on some GPUs) must not make a 10 µs sleep
+    end early, and the time the kernel reports is no more than it really ran (so it is not short either).
+    (No upper bound on the real time: this machine may preempt the thread.)"""
+    out = np.zeros(2, np.float64)
+    real_ns = emu.emu_spin_sleep(out.ctypes.data, microseconds, 0.0, timer_step_ns)  # type: ignore[attr-defined]
+    assert out[1] == 1000.0
+    assert out[0] >= microseconds
+    assert real_ns >= microseconds * 1000 * 0.999
+    assert out[0] <= real_ns / 1000 * 1.01 + 0.2
