@@ -24,6 +24,14 @@ pipeline the graph was captured from (and before its later ones): they share
 one chain of runs, each waiting for the previous one's tail events when it is
 still in flight, so they never touch the shared buffers concurrently.
 
+Tracing. While the runtime's tracer is on, :meth:`Graph.launch` enqueues the
+replay through it as one ``graph_launch`` op labelled with the pipeline's name
+and the names of the pipeline nodes behind the graph's nodes (in capture order,
+see :func:`~streamrt._pipeline_nodes.graph_node_names`); where the device
+reports each replayed graph node (the simulator), the trace shows them under
+those names. A capture made while tracing traces its enqueues like an eager
+launch (they run only on replay, so they have no device times).
+
 Thread rules: ``launch``, ``update`` and ``close`` may be called from any
 thread; they are serialized per graph.
 """
@@ -46,6 +54,7 @@ from ._pipeline_nodes import (
     MemsetNode,
     Node,
     enqueue_plan,
+    graph_node_names,
 )
 from ._run import Run, RunChain, record_tail
 from ._stream import Stream
@@ -59,14 +68,20 @@ __all__ = ["Graph", "capture_pipeline"]
 
 
 class _GraphState:
-    """One executable graph with its host slots and keepalive; retired once unused and replaced or closed."""
+    """One executable graph with its host slots and keepalive; retired once unused and replaced or closed.
 
-    __slots__ = ("buffers", "destroyed", "exec", "keep", "lock", "pending", "retiring", "runtime", "slots")
+    ``node_names``: the pipeline node behind each graph node, by graph node index (for traces).
+    """
 
-    def __init__(self, runtime: Runtime, exec_handle: int, slots: list[tuple[str, HostSlot]], nodes: list[Node]) -> None:
+    __slots__ = ("buffers", "destroyed", "exec", "keep", "lock", "node_names", "pending", "retiring", "runtime", "slots")
+
+    def __init__(
+        self, runtime: Runtime, exec_handle: int, slots: list[tuple[str, HostSlot]], nodes: list[Node], node_names: tuple[str, ...]
+    ) -> None:
         self.runtime = runtime
         self.exec = exec_handle
         self.slots = slots
+        self.node_names = node_names
         self.keep: tuple[Any, ...] | None = tuple(x for n in nodes for x in n.keepalive())
         self.buffers = tuple({id(b): b for n in nodes for b in n.buffers()}.values())
         self.pending = 0
@@ -117,8 +132,9 @@ class _GraphState:
 
 def _capture_exec(
     name: str, nodes: list[Node], order: list[int], plan: ForkPlan | None, stream: Stream, mode: CaptureMode
-) -> tuple[int, list[tuple[str, HostSlot]]]:
-    """Capture ``nodes`` on ``stream`` and instantiate; returns the exec and the host slots (topological order).
+) -> tuple[int, list[tuple[str, HostSlot]], tuple[str, ...]]:
+    """Capture ``nodes`` on ``stream`` and instantiate; returns the exec, the host slots (topological
+    order) and the node names of the graph's nodes (see :func:`graph_node_names`).
 
     On any failure: ends the capture, destroys what was made, closes the
     slots, returns side streams to a usable state, and raises ``CaptureError``.
@@ -156,7 +172,12 @@ def _capture_exec(
         capturing = True
         if pool is not None:
             fork_ev = pool.acquire_event()
-            backend.event_record(fork_ev.handle, h)
+            tracer = rt._tracer
+            if tracer is None:
+                backend.event_record(fork_ev.handle, h)
+            else:
+                ev = fork_ev.handle
+                tracer.op(stream, "record", 0, lambda: backend.event_record(ev, h), event=ev, pipeline=name)
         enqueue_plan(nodes, order, plan, [stream, *sides], pool, ctx, fork_from_caller=fork_ev, join=True)
         capturing = False
         graph = backend.stream_end_capture(h)
@@ -192,7 +213,7 @@ def _capture_exec(
                         pass
             pool.release_streams(usable, stream.priority)
     backend.graph_destroy(graph)
-    return exec_handle, [(n, slots[n]) for n in (nodes[i].name for i in order) if n in slots]
+    return exec_handle, [(n, slots[n]) for n in (nodes[i].name for i in order) if n in slots], graph_node_names(nodes, order, plan)
 
 
 def capture_pipeline(
@@ -200,8 +221,8 @@ def capture_pipeline(
 ) -> Graph:
     """Capture a validated pipeline (see ``Pipeline.capture``)."""
     preds_after = [{u for u, reasons in node._pipeline._preds[node.index].items() if "after" in reasons} for node in nodes]
-    exec_handle, slots = _capture_exec(name, nodes, order, plan, stream, mode)
-    state = _GraphState(stream._runtime, exec_handle, slots, nodes)
+    exec_handle, slots, node_names = _capture_exec(name, nodes, order, plan, stream, mode)
+    state = _GraphState(stream._runtime, exec_handle, slots, nodes, node_names)
     return Graph(name, stream._runtime, nodes, preds_after, plan is not None, mode, state, chain)
 
 
@@ -287,8 +308,20 @@ class Graph:
                     raise ValueError(f"graph {self._name!r} uses a released buffer ({b!r}); rebind it with update() first")
             self._chain.wait_previous((stream,))
             armed = [(name, slot.arm()) for name, slot in state.slots]
+            tracer = self._runtime._tracer
             try:
-                backend.graph_launch(state.exec, stream._handle)
+                if tracer is None:
+                    backend.graph_launch(state.exec, stream._handle)
+                else:
+                    exec_handle, handle = state.exec, stream._handle
+                    tracer.op(
+                        stream,
+                        "graph_launch",
+                        0,
+                        lambda: backend.graph_launch(exec_handle, handle),
+                        pipeline=self._name,
+                        node_names=state.node_names,
+                    )
             except BaseException as exc:
                 for (_, c), (_, slot) in zip(armed, state.slots):
                     slot.disarm(c, exc)
@@ -374,11 +407,11 @@ class Graph:
             pool = pool_for(self._runtime)
             (capture_stream,) = pool.acquire_streams(1)
             try:
-                exec_handle, slots = _capture_exec(self._name, nodes, order, plan, capture_stream, self._mode)
+                exec_handle, slots, node_names = _capture_exec(self._name, nodes, order, plan, capture_stream, self._mode)
             finally:
                 pool.release_streams([capture_stream])
             old_state = self._state
-            self._state = _GraphState(self._runtime, exec_handle, slots, nodes)
+            self._state = _GraphState(self._runtime, exec_handle, slots, nodes, node_names)
             self._nodes = nodes
             self._updates += 1
         old_state.retire()

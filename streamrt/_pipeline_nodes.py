@@ -8,6 +8,13 @@ into a capture (:meth:`Node._enqueue`), through the backend's primitives.
 :func:`enqueue_plan` runs a whole pipeline onto one stream (topological order)
 or several (a :class:`~streamrt._pipeline_deps.ForkPlan`), ordering streams
 with pooled events. It is shared by ``Pipeline.launch`` and ``Pipeline.capture``.
+
+Tracing. When the runtime's tracer is on (``runtime._tracer is not None``),
+:func:`enqueue_plan` enqueues each node through :meth:`Node._enqueue_traced`
+instead of :meth:`Node._enqueue`, and its own ordering waits and records through
+the tracer: every op then reaches the tracer (on a GPU the only way it is seen)
+labelled with the pipeline's and the node's names. With tracing off the cost is
+one ``None`` test per node and per ordering op; nothing else runs.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from ._buffer import DEVICE, HOST, Buffer
 from ._completion import Completion
 from ._pipeline_deps import Access, ForkPlan
 from ._stream import _user_data, native_function_address
+from ._tracer import label
 
 if TYPE_CHECKING:
     from ._event import Event
@@ -36,6 +44,7 @@ __all__ = [
     "RecordNode",
     "WaitNode",
     "enqueue_plan",
+    "graph_node_names",
     "substitute",
 ]
 
@@ -103,7 +112,41 @@ class Node:
         return self.buffers()
 
     def _enqueue(self, stream: Stream, ctx: EnqueueContext) -> None:
+        """Put the node on ``stream`` (eagerly, or into the capture ``stream`` is part of). Untraced."""
         raise NotImplementedError
+
+    def _enqueue_traced(self, stream: Stream, ctx: EnqueueContext, tracer: Any) -> None:
+        """:meth:`_enqueue` while tracing: the ops go through ``tracer`` labelled with the
+        pipeline's and the node's names.
+
+        This default traces the whole of :meth:`_enqueue` as one op of the
+        node's :attr:`kind` (right for a node that makes one backend call, such
+        as a kernel launch node; a ``kernel`` attribute with a ``name`` names
+        the op). Nodes whose enqueue goes through ``Stream`` methods (which
+        trace themselves) or makes several calls override it.
+        """
+        kernel_name = getattr(getattr(self, "kernel", None), "name", None)
+        tracer.op(
+            stream,
+            self.kind,
+            0,
+            lambda: self._enqueue(stream, ctx),
+            pipeline=self._pipeline_name(),
+            node=self._name,
+            name=kernel_name if isinstance(kernel_name, str) else None,
+        )
+
+    def _graph_nodes(self) -> int | None:
+        """How many graph nodes capturing the node adds (``None``: unknown, e.g. a user enqueue callable).
+
+        A kernel launch is one graph node; event records and waits add none.
+        Graphs use it to name their nodes in traces.
+        """
+        return 1 if self.kind == "kernel" else None
+
+    def _pipeline_name(self) -> str | None:
+        pipeline = self._pipeline
+        return pipeline.name if pipeline is not None else None
 
     def _rebound(self, mapping: dict[int, Buffer]) -> Node:
         """A copy with buffers substituted (``mapping``: ``id(old buffer)`` -> new)."""
@@ -153,6 +196,17 @@ class MemsetNode(Node):
             stream._backend.memset_async(self.dst._ptr, self.value, self.nbytes, stream._handle)
         self.dst.note_stream(stream)
 
+    def _enqueue_traced(self, stream: Stream, ctx: EnqueueContext, tracer: Any) -> None:
+        if self.nbytes:
+            backend, ptr, value, n, handle = stream._backend, self.dst._ptr, self.value, self.nbytes, stream._handle
+            tracer.op(
+                stream, "memset", n, lambda: backend.memset_async(ptr, value, n, handle), pipeline=self._pipeline_name(), node=self._name
+            )
+        self.dst.note_stream(stream)
+
+    def _graph_nodes(self) -> int | None:
+        return 1 if self.nbytes else 0
+
     def _rebound(self, mapping: dict[int, Buffer]) -> Node:
         return MemsetNode(self._pipeline, self._index, self._name, _sub(self.dst, mapping), self.value, self.nbytes)
 
@@ -175,6 +229,24 @@ class CopyNode(Node):
             stream._backend.memcpy_async(self.dst._ptr, self.src._ptr, self.nbytes, self.direction, stream._handle)
         self.dst.note_stream(stream)
         self.src.note_stream(stream)
+
+    def _enqueue_traced(self, stream: Stream, ctx: EnqueueContext, tracer: Any) -> None:
+        if self.nbytes:
+            backend, handle = stream._backend, stream._handle
+            dst, src, n, direction = self.dst._ptr, self.src._ptr, self.nbytes, self.direction
+            tracer.op(
+                stream,
+                direction.name.lower(),
+                n,
+                lambda: backend.memcpy_async(dst, src, n, direction, handle),
+                pipeline=self._pipeline_name(),
+                node=self._name,
+            )
+        self.dst.note_stream(stream)
+        self.src.note_stream(stream)
+
+    def _graph_nodes(self) -> int | None:
+        return 1 if self.nbytes else 0
 
     def _rebound(self, mapping: dict[int, Buffer]) -> Node:
         return CopyNode(self._pipeline, self._index, self._name, _sub(self.dst, mapping), _sub(self.src, mapping), self.nbytes, self.direction)
@@ -232,6 +304,36 @@ class HostNode(Node):
         for b, _ in self._writes:
             b.note_stream(stream)
 
+    def _enqueue_traced(self, stream: Stream, ctx: EnqueueContext, tracer: Any) -> None:
+        """As :meth:`_enqueue`; an eager Python function goes through ``tracer.host_call``,
+        which also records where and when it ran."""
+        engine = stream._runtime._engine
+        backend, handle = stream._backend, stream._handle
+        pipeline, name = self._pipeline_name(), self._name
+        address = self.native_address
+        if address is not None:
+            user_data = self.user_data
+            if ctx.capturing:
+                enqueue = lambda: backend.launch_host_func(handle, address, user_data)  # noqa: E731
+            else:
+                enqueue = lambda: engine.host_call_native(handle, address, user_data)  # noqa: E731
+            tracer.op(stream, "host_native", 0, enqueue, pipeline=pipeline, node=name)
+        elif ctx.capturing:
+            slot = ctx.slots[name]
+            tracer.op(stream, "host_python", 0, lambda: slot.capture(handle), pipeline=pipeline, node=name)
+        else:
+            completion = tracer.host_call(stream, self.fn, self.args, engine.host_call, pipeline=pipeline, node=name)
+            ctx.host.append((name, completion))
+        for b, _ in self._reads:
+            b.note_stream(stream)
+        for b, _ in self._writes:
+            b.note_stream(stream)
+
+    def _graph_nodes(self) -> int | None:
+        # A native function is one host node; a Python one is captured through its host slot,
+        # whose capture() enqueues two native functions (sem_post, sem_wait): two host nodes.
+        return 1 if self.native_address is not None else 2
+
     def _rebound(self, mapping: dict[int, Buffer]) -> Node:
         return HostNode(
             self._pipeline,
@@ -283,6 +385,13 @@ class EnqueueNode(Node):
         for b, _ in self._writes:
             b.note_stream(stream)
 
+    def _enqueue_traced(self, stream: Stream, ctx: EnqueueContext, tracer: Any) -> None:
+        """``fn`` runs inside :func:`~streamrt._tracer.label`: the ops it enqueues through
+        ``Stream`` methods (``launch_kernel``, ``copy``, ...) trace themselves with the pipeline's
+        and the node's names. Work it enqueues behind streamrt's back (raw handles) is not traced."""
+        with label(self._pipeline_name(), self._name):
+            self._enqueue(stream, ctx)
+
     def _rebound(self, mapping: dict[int, Buffer]) -> Node:
         return EnqueueNode(
             self._pipeline,
@@ -314,6 +423,24 @@ class RecordNode(Node):
         stream._backend.event_record(self.event._handle, stream._handle)
         self.event._recorded_on = stream._handle
 
+    def _enqueue_traced(self, stream: Stream, ctx: EnqueueContext, tracer: Any) -> None:
+        event = self.event
+        event._check_open()
+        backend, handle = stream._backend, stream._handle
+        tracer.op(
+            stream,
+            "record",
+            0,
+            lambda: backend.event_record(event._handle, handle),
+            event=event,
+            pipeline=self._pipeline_name(),
+            node=self._name,
+        )
+        event._recorded_on = handle
+
+    def _graph_nodes(self) -> int | None:
+        return 0
+
     def _rebound(self, mapping: dict[int, Buffer]) -> Node:
         return self
 
@@ -334,6 +461,23 @@ class WaitNode(Node):
     def _enqueue(self, stream: Stream, ctx: EnqueueContext) -> None:
         self.event._check_open()
         stream._backend.stream_wait_event(stream._handle, self.event._handle)
+
+    def _enqueue_traced(self, stream: Stream, ctx: EnqueueContext, tracer: Any) -> None:
+        event = self.event
+        event._check_open()
+        backend, handle = stream._backend, stream._handle
+        tracer.op(
+            stream,
+            "wait_event",
+            0,
+            lambda: backend.stream_wait_event(handle, event._handle),
+            event=event,
+            pipeline=self._pipeline_name(),
+            node=self._name,
+        )
+
+    def _graph_nodes(self) -> int | None:
+        return 0
 
     def _rebound(self, mapping: dict[int, Buffer]) -> Node:
         return self
@@ -372,43 +516,103 @@ def enqueue_plan(
     not already ordered before it. Ordering events come from ``pool`` and go
     back to it before returning (waits bind at enqueue time). Raises whatever
     the backend or a node raised; ``ctx.current`` then names the node.
+
+    While tracing (the runtime's tracer is read once, at the start), nodes
+    enqueue through :meth:`Node._enqueue_traced` and the ordering ops through
+    the tracer: a step's waits and the record after it carry the step's node
+    name, the entry waits and the join waits only the pipeline's name.
     """
+    tracer = streams[0]._runtime._tracer
     if plan is None:
         main = streams[0]
         for i in order:
             node = nodes[i]
             ctx.current = node._name
-            node._enqueue(main, ctx)
+            if tracer is None:
+                node._enqueue(main, ctx)
+            else:
+                node._enqueue_traced(main, ctx, tracer)
         ctx.current = ""
         return
     assert pool is not None
+    pipeline = nodes[plan.steps[0][0]]._pipeline_name() if tracer is not None and plan.steps else None
     events: dict[int, Event] = {}
     try:
         if fork_from_caller is not None:
             for s in streams[1:]:
-                s._backend.stream_wait_event(s._handle, fork_from_caller._handle)
+                if tracer is None:
+                    s._backend.stream_wait_event(s._handle, fork_from_caller._handle)
+                else:
+                    _traced_wait(tracer, s, fork_from_caller, pipeline, None)
         for v, slot, waits in plan.steps:
             s = streams[slot]
             backend = s._backend
-            for u in waits:
-                backend.stream_wait_event(s._handle, events[u]._handle)
             node = nodes[v]
-            ctx.current = node._name
-            node._enqueue(s, ctx)
-            if v in plan.signals:
-                ev = pool.acquire_event()
-                events[v] = ev
-                backend.event_record(ev._handle, s._handle)
+            if tracer is None:
+                for u in waits:
+                    backend.stream_wait_event(s._handle, events[u]._handle)
+                ctx.current = node._name
+                node._enqueue(s, ctx)
+                if v in plan.signals:
+                    ev = pool.acquire_event()
+                    events[v] = ev
+                    backend.event_record(ev._handle, s._handle)
+            else:
+                for u in waits:
+                    _traced_wait(tracer, s, events[u], pipeline, node._name)
+                ctx.current = node._name
+                node._enqueue_traced(s, ctx, tracer)
+                if v in plan.signals:
+                    ev = pool.acquire_event()
+                    events[v] = ev
+                    _traced_record(tracer, s, ev, pipeline, node._name)
         ctx.current = ""
         if join:
             main = streams[0]
             for slot in plan.joins:
                 tail = plan.tails[slot]
                 tail_ev = events.get(tail)
-                if tail_ev is None:
-                    tail_ev = events[tail] = pool.acquire_event()
-                    main._backend.event_record(tail_ev._handle, streams[slot]._handle)
-                main._backend.stream_wait_event(main._handle, tail_ev._handle)
+                if tracer is None:
+                    if tail_ev is None:
+                        tail_ev = events[tail] = pool.acquire_event()
+                        main._backend.event_record(tail_ev._handle, streams[slot]._handle)
+                    main._backend.stream_wait_event(main._handle, tail_ev._handle)
+                else:
+                    if tail_ev is None:
+                        tail_ev = events[tail] = pool.acquire_event()
+                        _traced_record(tracer, streams[slot], tail_ev, pipeline, nodes[tail]._name)
+                    _traced_wait(tracer, main, tail_ev, pipeline, None)
     finally:
         for ev in events.values():
             pool.release_event(ev)
+
+
+def _traced_wait(tracer: Any, stream: Stream, event: Event, pipeline: str | None, node: str | None) -> None:
+    """``stream`` waits for ``event``, through the tracer (an ordering op of a fork plan)."""
+    backend, handle, ev = stream._backend, stream._handle, event._handle
+    tracer.op(stream, "wait_event", 0, lambda: backend.stream_wait_event(handle, ev), event=ev, pipeline=pipeline, node=node)
+
+
+def _traced_record(tracer: Any, stream: Stream, event: Event, pipeline: str | None, node: str | None) -> None:
+    """Record ``event`` on ``stream``, through the tracer (an ordering op of a fork plan)."""
+    backend, handle, ev = stream._backend, stream._handle, event._handle
+    tracer.op(stream, "record", 0, lambda: backend.event_record(ev, handle), event=ev, pipeline=pipeline, node=node)
+
+
+def graph_node_names(nodes: list[Node], order: list[int], plan: ForkPlan | None) -> tuple[str, ...]:
+    """The pipeline node behind each node of a graph captured by :func:`enqueue_plan`, by graph node index.
+
+    Graph nodes are numbered in capture order, which is the plan's enqueue
+    order; ordering events add none. The names stop at the first node whose
+    number of graph nodes is unknown (an enqueue node running user code):
+    later graph nodes cannot be attributed. Used to label traced replays.
+    """
+    sequence = order if plan is None else [v for v, _slot, _waits in plan.steps]
+    names: list[str] = []
+    for i in sequence:
+        node = nodes[i]
+        count = node._graph_nodes()
+        if count is None:
+            break
+        names.extend([node._name] * count)
+    return tuple(names)
