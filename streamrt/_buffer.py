@@ -114,6 +114,16 @@ class Buffer:
         return self._runtime
 
     @property
+    def device(self) -> int | None:
+        """The device of the buffer's runtime (``None`` without one).
+
+        Device memory lives there; pinned host memory is reachable from every
+        device but belongs, like all buffers, to its runtime.
+        """
+        rt = self._runtime
+        return None if rt is None else rt._device
+
+    @property
     def base(self) -> Buffer:
         """The buffer this one is a view of (itself when it is not a view)."""
         return self._base if self._base is not None else self
@@ -275,7 +285,24 @@ def _contiguous_nbytes(shape: tuple[int, ...], strides: tuple[int, ...] | None, 
     return n
 
 
+def _check_dlpack_device(obj: Any, runtime: Runtime) -> None:
+    """Refuse device memory of another device, when ``obj`` says where it lives (``__dlpack_device__``)."""
+    device_of = getattr(obj, "__dlpack_device__", None)
+    if device_of is None:
+        return
+    try:
+        dev_type, dev_id = device_of()
+    except Exception:  # noqa: BLE001 - an object that cannot say: nothing to check
+        return
+    if dev_type in (_DL_CUDA, _DL_ROCM) and dev_id != runtime.device:
+        raise ValueError(
+            f"memory on device {dev_id} cannot be used by a runtime on device {runtime.device}: wrap it with the "
+            f"runtime of device {dev_id} (rt.as_buffer); stream.copy between the two is a peer copy"
+        )
+
+
 def _from_cuda_array_interface(obj: Any, runtime: Runtime) -> Buffer:
+    _check_dlpack_device(obj, runtime)
     cai = obj.__cuda_array_interface__
     ptr, readonly = cai["data"]
     itemsize = np.dtype(cai["typestr"]).itemsize
@@ -315,8 +342,11 @@ def _from_dlpack(obj: Any, runtime: Runtime) -> Buffer:
         return _from_buffer_protocol(obj, runtime)
     if dev_type not in _DL_DEVICE_KINDS:
         raise TypeError(f"unsupported DLPack device type {dev_type}")
-    if _DL_DEVICE_KINDS[dev_type] == DEVICE and dev_id != runtime.device:
-        raise ValueError(f"memory on device {dev_id} cannot be used by a runtime on device {runtime.device}")
+    if dev_type in (_DL_CUDA, _DL_ROCM) and dev_id != runtime.device:
+        raise ValueError(
+            f"memory on device {dev_id} cannot be used by a runtime on device {runtime.device}: wrap it with the "
+            f"runtime of device {dev_id} (rt.as_buffer); stream.copy between the two is a peer copy"
+        )
     capsule = obj.__dlpack__()
     # Peek at the DLManagedTensor (its first member is the DLTensor) without consuming the
     # capsule; the capsule's destructor then frees it when our reference goes.

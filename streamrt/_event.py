@@ -38,6 +38,15 @@ class Event:
         return self._handle
 
     @property
+    def device(self) -> int:
+        """The device the event belongs to (its runtime's): it is recorded on streams of that device."""
+        return self._runtime._device
+
+    @property
+    def runtime(self) -> Runtime:
+        return self._runtime
+
+    @property
     def timing(self) -> bool:
         """Whether the event records a timestamp usable with :meth:`elapsed_ms`."""
         return self._timing
@@ -60,12 +69,19 @@ class Event:
     def elapsed_ms(self, end: Event) -> float:
         """Milliseconds from this event to ``end`` (virtual time on the simulator).
 
-        Both events must be timing events that have completed.
+        Both events must be timing events that have completed, recorded on one
+        device (devices have no common clock).
         """
         self._check_open()
         if not isinstance(end, Event):
             raise TypeError(f"elapsed_ms takes an Event, not {type(end).__name__}")
         end._check_open()
+        if end._runtime is not self._runtime and (
+            end._runtime._backend is not self._runtime._backend or end._runtime._device != self._runtime._device
+        ):
+            raise ValueError(
+                f"elapsed_ms needs two events of one device and backend instance; got {self._runtime!r} and {end._runtime!r}"
+            )
         if not (self._timing and end._timing):
             raise ValueError("elapsed_ms needs two timing events: rt.create_event(timing=True)")
         return self._runtime.backend.event_elapsed_ms(self._handle, end._handle)
@@ -93,4 +109,7 @@ class Event:
             raise ClosedError("runtime is closed")
 
     def __repr__(self) -> str:
-        return f"<Event 0x{self._handle:x}{' timing' if self._timing else ''}{' closed' if self._closed else ''}>"
+        return (
+            f"<Event 0x{self._handle:x} device={self._runtime._device}{' timing' if self._timing else ''}"
+            f"{' closed' if self._closed else ''}>"
+        )

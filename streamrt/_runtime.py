@@ -1,4 +1,12 @@
-"""The Runtime: one backend on one device, and the factory of streams, events and buffers."""
+"""The Runtime: one backend on one device, and the factory of streams, events and buffers.
+
+Several devices in one process: open one runtime per device
+(``open_runtime(backend, device=i)``). Runtimes of one process share one
+backend object where the backend says so (GPU backends always; the simulator
+when it has several devices, ``devices=N``): see ``streamrt._backends._shared``.
+Streams of such runtimes wait on each other's events and copy between each
+other's device buffers (peer copies, see ``streamrt._peer``).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +15,8 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 from ._allocator import Allocator, RawAllocator
-from ._backends import load_backend, select_auto
+from ._backends import select_auto
+from ._backends._shared import BackendLease, acquire_backend
 from ._backends.protocol import Backend, Capabilities, priority_clamp
 from ._buffer import DEVICE, HOST, Buffer, wrap_foreign
 from ._completion import CompletionEngine
@@ -18,6 +27,7 @@ from ._stream import Stream
 from ._trace import Trace, TraceRegion, attach_on_open, finish_on_close, stop_trace, trace_region
 
 if TYPE_CHECKING:
+    from ._kernel import KernelLibrary
     from ._scheduler import Scheduler
 
 __all__ = ["Runtime", "open_runtime"]
@@ -45,6 +55,14 @@ def open_runtime(
     (for the simulator: ``profile=``, ``devices=``, ``check_hazards=``).
     ``trace=True`` traces every op from the start (see ``rt.trace()`` for a region).
 
+    One runtime per device: ``open_runtime("cuda", device=1)`` next to a runtime
+    on device 0 shares its backend object, so streams of the two wait on each
+    other's events and copy between their buffers. The simulator is one
+    simulated machine per ``(profile, devices, options)`` when ``devices >= 2``:
+    ``open_runtime("sim", device=1, devices=2)`` and
+    ``open_runtime("sim", device=0, devices=2)`` share it (a one-device
+    simulator stays private to its runtime). The backend closes with its last runtime.
+
     Use it as a context manager, or call :meth:`Runtime.close`.
     """
     if not isinstance(backend, str):
@@ -52,7 +70,8 @@ def open_runtime(
     if isinstance(device, bool) or not isinstance(device, int) or device < 0:
         raise ValueError(f"device must be a non-negative int, got {device!r}")
     name = select_auto() if backend == "auto" else backend
-    impl = load_backend(name, **backend_options)
+    lease = acquire_backend(name, **backend_options)
+    impl = lease.backend
     try:
         count = impl.device_count()
         if device >= count:
@@ -64,9 +83,10 @@ def open_runtime(
             host_allocator=host_allocator,
             device_allocator=device_allocator,
             python_host_switch_interval=python_host_switch_interval,
+            lease=lease,
         )
     except BaseException:
-        impl.close()
+        lease.release()
         raise
     try:
         attach_on_open(rt, trace)  # trace=True, or a `streamrt study` session is running
@@ -76,12 +96,41 @@ def open_runtime(
     return rt
 
 
+class _EngineBackend:
+    """The backend as a runtime's completion engine sees it when the backend has several devices.
+
+    The engine creates its (pooled) events on whatever thread asks it for a
+    completion or a host call, and HIP/CUDA bind an event to the device current
+    at creation; it is then recorded on the runtime's streams. So here
+    ``event_create`` first makes the runtime's device current on the calling
+    thread; every other call goes straight to the backend.
+    """
+
+    def __init__(self, backend: Backend, device: int) -> None:
+        self._real = backend
+        self._device = device
+        for name in ("event_record", "event_query", "event_synchronize", "event_destroy", "launch_host_func"):
+            setattr(self, name, getattr(backend, name))
+
+    def event_create(self, *, timing: bool, blocking_sync: bool = True) -> int:
+        self._real.ensure_device(self._device)
+        return self._real.event_create(timing=timing, blocking_sync=blocking_sync)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
 class Runtime:
     """One backend on one device. Create with :func:`open_runtime`.
 
     Owns the completion engine (runtime threads that retire completions), the
     releaser thread (real frees) and the allocators. Thread-safe: streams and
     buffers may be created and used from any thread.
+
+    On a backend with several devices, calls that create device objects
+    (streams, events, the completion engine's events) first make the
+    runtime's device current on the calling thread, as HIP/CUDA require; code
+    that relies on the thread's current device afterwards should set it itself.
     """
 
     def __init__(
@@ -92,9 +141,14 @@ class Runtime:
         host_allocator: str | AllocatorFactory | Allocator = "caching",
         device_allocator: str | AllocatorFactory | Allocator = "caching",
         python_host_switch_interval: float | None = 5e-5,
+        lease: BackendLease | None = None,
     ) -> None:
         self._backend = backend
         self._device = device
+        self._lease = lease  # None: this runtime owns the backend and closes it
+        # several devices visible: make this device current before creating device objects
+        self._multi_device = backend.device_count() > 1
+        self._peer: Stream | None = None  # the peer stream (streamrt._peer), made on first use
         self._closed = False
         self._lock = threading.Lock()
         self._streams: weakref.WeakSet[Stream] = weakref.WeakSet()
@@ -105,7 +159,10 @@ class Runtime:
         self._schedulers: weakref.WeakSet[Scheduler] = weakref.WeakSet()
         self._capabilities = backend.capabilities(device)
         self.releaser = Releaser()
-        self._engine = CompletionEngine(backend, device, python_host_switch_interval=python_host_switch_interval)
+        if self._multi_device:  # frees and device-wide syncs on the releaser thread act on this device
+            self.releaser.submit(backend.ensure_device, device)
+        engine_backend: Any = _EngineBackend(backend, device) if self._multi_device else backend
+        self._engine = CompletionEngine(engine_backend, device, python_host_switch_interval=python_host_switch_interval)
         try:
             self._host_allocator = self._make_allocator(host_allocator, HOST)
             self._device_allocator = self._make_allocator(device_allocator, DEVICE)
@@ -127,6 +184,7 @@ class Runtime:
 
     @property
     def device(self) -> int:
+        """The device this runtime's streams, events and device buffers belong to."""
         return self._device
 
     @property
@@ -178,6 +236,8 @@ class Runtime:
     def create_event(self, *, timing: bool = False) -> Event:
         """A new (blocking-sync) event; ``timing=True`` allows :meth:`Event.elapsed_ms`."""
         self._check_open()
+        if self._multi_device:
+            self._backend.ensure_device(self._device)
         handle = self._backend.event_create(timing=bool(timing), blocking_sync=True)
         event = Event(self, handle, bool(timing))
         with self._lock:
@@ -205,6 +265,13 @@ class Runtime:
         with self._lock:
             self._schedulers.add(sched)
         return sched
+
+    @property
+    def kernels(self) -> KernelLibrary:
+        """Runtime-compiled kernels of this runtime: ``rt.kernels.get("fill_u32")`` (docs/kernels.md)."""
+        from ._kernel import library_for
+
+        return library_for(self)
 
     # -- tracing -----------------------------------------------------------------------------------
     def trace(self, *, name: str = "trace") -> TraceRegion:
@@ -258,6 +325,8 @@ class Runtime:
     def synchronize(self) -> None:
         """Block until all work on the device has completed (the GIL is released)."""
         self._check_open()
+        if self._multi_device:
+            self._backend.ensure_device(self._device)
         tracer = self._tracer
         if tracer is None:
             self._backend.device_synchronize()
@@ -267,7 +336,18 @@ class Runtime:
     def close(self) -> None:
         """Drain and shut down, deterministically: waits for all in-flight work and
         completions, closes the allocators, destroys owned streams and events, stops
-        the runtime's threads, and closes the backend. Idempotent."""
+        the runtime's threads, and closes the backend (a shared backend: once its
+        last runtime closes). Idempotent.
+
+        Raises ``RuntimeError`` at once, changing nothing, when called from one
+        of the runtime's own threads (a Python host function, a done callback,
+        a completion lane, the releaser): it would wait for itself."""
+        if self._engine.owns_thread() or threading.get_ident() == self.releaser.thread_ident:
+            raise RuntimeError(
+                "rt.close() cannot close the runtime from its own thread (a host function, a done "
+                "callback or another runtime thread): it would wait for itself; close it from "
+                "another thread, e.g. after awaiting the work"
+            )
         with self._lock:
             if self._closed:
                 return
@@ -279,6 +359,8 @@ class Runtime:
         if self._tracer is not None:
             finish_on_close(self)
         try:
+            if self._multi_device:
+                self._backend.ensure_device(self._device)
             self._backend.device_synchronize()
         finally:
             self._engine.close()
@@ -289,8 +371,14 @@ class Runtime:
                 s.close()
             for e in events:
                 e.close()
+            from ._kernel import close_library_for
+
+            close_library_for(self)  # unload kernel modules while the backend is still open
             self._closed = True
-            self._backend.close()
+            if self._lease is not None:
+                self._lease.release()
+            else:
+                self._backend.close()
 
     def __enter__(self) -> Runtime:
         return self
@@ -307,6 +395,20 @@ class Runtime:
         with self._lock:
             self._streams.discard(stream)
         self._engine.forget_stream(stream.handle)
+
+    def _peer_stream(self) -> Stream:
+        """This runtime's peer stream: it waits for copies that other devices' streams make with this
+        runtime's buffers, and those buffers are marked with it (see ``streamrt._peer``)."""
+        stream = self._peer
+        if stream is None:
+            made = self.create_stream(name=f"peer-copies-{self._device}")
+            with self._lock:
+                stream = self._peer
+                if stream is None:
+                    stream = self._peer = made
+            if stream is not made:
+                made.close()
+        return stream
 
     def _keep_native(self, address: int, fn: object) -> None:
         if address not in self._native_functions:

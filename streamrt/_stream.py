@@ -9,6 +9,7 @@ from ._backends.protocol import MemcpyKind
 from ._buffer import DEVICE, HOST, PAGEABLE, Buffer, check_size, wrap_foreign
 from ._errors import ClosedError
 from ._event import Event
+from ._peer import check_peer_buffer, peer_copy
 
 if TYPE_CHECKING:
     from ._completion import Completion
@@ -56,12 +57,21 @@ def _user_data(args: tuple[Any, ...]) -> int:
     raise TypeError(f"cannot pass {type(arg).__name__} as user data to a native host function")
 
 
+class _ForeignBuffer(ValueError):
+    """A buffer of another runtime where only the stream's runtime's are accepted (``copy`` retries it as a peer copy)."""
+
+
 class Stream:
-    """An ordered queue of work on one device.
+    """An ordered queue of work on one device (:attr:`device`, its runtime's).
 
     Every method that enqueues returns as soon as the work is queued; the work
     runs asynchronously in the order it was enqueued. Methods validate all
     arguments before anything is enqueued: a call that raises enqueued nothing.
+
+    Several devices: buffers must belong to the stream's runtime, except in
+    :meth:`copy`, which also takes a device buffer of another device of the
+    same backend object (a peer copy, see :mod:`streamrt._peer`). :meth:`wait`
+    takes events of any runtime of the same backend object (a cross-device wait).
 
     Thread rules: a stream may be used from several threads; the order of work
     enqueued concurrently from different threads is the order the calls reach
@@ -139,11 +149,22 @@ class Stream:
 
         Both sides must be device or pinned host memory: a pageable host buffer
         raises ``ValueError`` (allocate staging from ``rt.host_allocator``).
+
+        Between devices: when ``dst`` and ``src`` are device buffers of two
+        different devices (runtimes of one backend object), the copy is a peer
+        copy (``memcpy_peer_async``), stream-ordered on this stream; peer access
+        is enabled once per pair of devices where the hardware allows, and the
+        copy is staged by the driver otherwise. Order it after the other
+        device's work on those buffers with events (``stream.wait``).
         """
         if self._closed:
             self._check_open()
-        d = self._buffer(dst, "dst")
-        s = self._buffer(src, "src")
+        try:
+            d = self._buffer(dst, "dst")
+            s = self._buffer(src, "src")
+        except _ForeignBuffer:
+            self._copy_between_devices(dst, src, nbytes)
+            return
         if d._readonly:
             raise ValueError("dst is read-only")
         n = s._nbytes if nbytes is None else check_size(nbytes, "nbytes")
@@ -162,6 +183,27 @@ class Stream:
             tracer.op(self, kind.name.lower(), n, lambda: self._backend.memcpy_async(d._ptr, s._ptr, n, kind, self._handle))
         d.note_stream(self)
         s.note_stream(self)
+
+    def _copy_between_devices(self, dst: Any, src: Any, nbytes: int | None) -> None:
+        """``copy`` when a buffer belongs to another runtime: validated as a peer copy, then enqueued."""
+        d = self._buffer(dst, "dst", peer=True)
+        s = self._buffer(src, "src", peer=True)
+        if d._readonly:
+            raise ValueError("dst is read-only")
+        n = s._nbytes if nbytes is None else check_size(nbytes, "nbytes")
+        if n > s._nbytes or n > d._nbytes:
+            raise ValueError(f"copy of {n} bytes exceeds src ({s._nbytes} bytes) or dst ({d._nbytes} bytes)")
+        if d._kind != DEVICE or s._kind != DEVICE:
+            raise ValueError(
+                "a copy with a buffer of another device is a peer copy: both sides must be device buffers "
+                f"(got src {s._kind}, dst {d._kind}); stage host data through a buffer of that device's runtime"
+            )
+        if d._runtime._device == s._runtime._device:  # type: ignore[union-attr]
+            raise ValueError(
+                f"both buffers are on device {d._runtime._device}: enqueue a copy between them on a stream "  # type: ignore[union-attr]
+                "of that device's runtime"
+            )
+        peer_copy(self, d, s, n)
 
     # -- host functions -------------------------------------------------------------------
     def launch_host_func(self, fn: Callable[..., Any], *args: Any) -> Completion | None:
@@ -200,6 +242,19 @@ class Stream:
             tracer.op(self, "host_native", 0, lambda: engine.host_call_native(self._handle, address, user_data))
         return None
 
+    # -- kernels --------------------------------------------------------------------------------
+    def launch_kernel(self, kernel: Any, grid: Any, block: Any, args: Any = (), shared_mem: int = 0) -> None:
+        """Enqueue ``kernel`` with ``grid``/``block`` (an int or a tuple of up to 3), ``args`` (a list,
+        or a dict by parameter name) and ``shared_mem`` bytes of dynamic shared memory.
+
+        Everything is checked first (wrong count or kind: ``TypeError``; out of range, buffer too
+        small, misaligned: ``ValueError``); nothing is enqueued when a check fails. Buffer arguments
+        are tracked like those of copies. See docs/kernels.md.
+        """
+        from ._kernel import launch_kernel
+
+        launch_kernel(self, kernel, grid, block, args, shared_mem)
+
     # -- events and ordering -----------------------------------------------------------------
     def record(self, event: Event | None = None) -> Event:
         """Record ``event`` (default: a new non-timing event) at the current end of the stream."""
@@ -211,7 +266,10 @@ class Stream:
             raise TypeError(f"record takes an Event, not {type(event).__name__}")
         else:
             if event._runtime is not self._runtime:
-                raise ValueError("event belongs to another runtime")
+                raise ValueError(
+                    "event belongs to another runtime: record events of the stream's runtime (rt.create_event()); "
+                    "stream.wait accepts events of other runtimes"
+                )
             event._check_open()
         tracer = self._runtime._tracer
         if tracer is None:
@@ -222,13 +280,22 @@ class Stream:
         return event
 
     def wait(self, event: Event) -> None:
-        """Make later work on this stream wait until ``event`` has completed. Non-blocking."""
+        """Make later work on this stream wait until ``event`` has completed. Non-blocking.
+
+        ``event`` may belong to another runtime of the same backend object, on
+        this device or another (a cross-device wait: the device-side wait needs
+        no host thread). An event of a different backend instance raises
+        ``ValueError``.
+        """
         if self._closed:
             self._check_open()
         if not isinstance(event, Event):
             raise TypeError(f"wait takes an Event, not {type(event).__name__}")
-        if event._runtime is not self._runtime:
-            raise ValueError("event belongs to another runtime")
+        if event._runtime is not self._runtime and event._runtime._backend is not self._backend:
+            raise ValueError(
+                f"event belongs to another runtime ({event._runtime!r}) with a different backend instance than the "
+                f"stream's ({self._runtime!r}): streams wait only on events of their own backend instance"
+            )
         event._check_open()
         tracer = self._runtime._tracer
         if tracer is None:
@@ -237,7 +304,10 @@ class Stream:
             tracer.op(self, "wait_event", 0, lambda: self._backend.stream_wait_event(self._handle, event._handle))
 
     def wait_stream(self, other: Stream) -> None:
-        """Make later work on this stream wait for all work enqueued so far on ``other``."""
+        """Make later work on this stream wait for all work enqueued so far on ``other``.
+
+        ``other`` may be a stream of another device of the same backend object.
+        """
         if not isinstance(other, Stream):
             raise TypeError(f"wait_stream takes a Stream, not {type(other).__name__}")
         ev = other.record()
@@ -281,10 +351,11 @@ class Stream:
         if self._runtime._closed:
             raise ClosedError("runtime is closed")
 
-    def _buffer(self, obj: Any, what: str) -> Buffer:
+    def _buffer(self, obj: Any, what: str, peer: bool = False) -> Buffer:
+        """``obj`` as a usable Buffer of this stream's runtime (``peer``: or a device buffer of another device)."""
         if type(obj) is Buffer:
             if obj._runtime is not self._runtime:
-                raise ValueError(f"{what} belongs to another runtime or device")
+                self._reject_or_peer(obj, what, peer)
             if obj._released or (obj._base is not None and obj._base._released):
                 raise ValueError(f"{what} used after release()")
             return obj
@@ -292,9 +363,20 @@ class Stream:
             raise TypeError(f"{what} must be a Buffer or an object exposing memory, not None")
         buf = wrap_foreign(obj, self._runtime)
         if buf._runtime is not self._runtime:
-            raise ValueError(f"{what} belongs to another runtime or device")
+            self._reject_or_peer(buf, what, peer)
         buf.check_usable()
         return buf
 
+    def _reject_or_peer(self, buf: Buffer, what: str, peer: bool) -> None:
+        if not peer:
+            raise _ForeignBuffer(
+                f"{what} belongs to another runtime or device ({buf._runtime!r}, the stream's is {self._runtime!r}); "
+                "a buffer of another device is accepted only by stream.copy, as a peer copy"
+            )
+        check_peer_buffer(self, buf, what)
+
     def __repr__(self) -> str:
-        return f"<Stream {self._name} priority={self._priority}{' closed' if self._closed else ''}>"
+        return (
+            f"<Stream {self._name} device={self._runtime._device} priority={self._priority}"
+            f"{' closed' if self._closed else ''}>"
+        )

@@ -1,7 +1,8 @@
 """Shared fixtures: the ``backend`` fixture runs contract tests on every backend.
 
 ``sim`` always runs. ``cuda`` and ``hip`` are marked ``gpu`` and skip with the
-reason when their library or a GPU is missing. On an NVIDIA machine with
+reason when their library or a GPU is missing; tests marked ``multi_gpu(n)``
+skip with the GPU counts found when fewer than ``n`` GPUs are present. On an NVIDIA machine with
 hip-python installed and no ROCm, the HIP-on-CUDA forwarding library
 (tests/hip_on_cuda) is built and hip-python is pointed at it before first use.
 """
@@ -67,9 +68,48 @@ def sim_rt() -> Iterator[srt.Runtime]:
         runtime.close()
 
 
+@functools.cache
+def gpu_count(name: str) -> tuple[int, str | None]:
+    """``(number of GPUs, None)`` for a usable GPU backend ``name``, else ``(0, why not)``."""
+    reason = backend_skip_reason(name)
+    if reason is not None:
+        return 0, reason
+    from streamrt._backends import load_backend
+
+    backend = load_backend(name)
+    try:
+        return backend.device_count(), None
+    finally:
+        backend.close()
+
+
+def _multi_gpu_skip_reason(item: pytest.Item, need: int) -> str | None:
+    """Why ``item`` (marked ``multi_gpu(need)``) cannot run here, or ``None``.
+
+    A test parametrized by backend name (a ``backend`` or ``gpu_backend``
+    parameter) needs ``need`` GPUs on that backend; any other, on some GPU backend.
+    """
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    named = [params[k] for k in ("gpu_backend", "backend") if params.get(k) in GPU_BACKENDS]
+    names = named[:1] or list(GPU_BACKENDS)
+    counts = {n: gpu_count(n) for n in names}
+    if max(c for c, _ in counts.values()) >= need:
+        return None
+    found = "; ".join(f"{n}: {c} GPU(s)" + (f" ({why})" if why else "") for n, (c, why) in counts.items())
+    return f"needs {need} GPUs, fewer present ({found})"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``gpu`` outside the backend fixture skip when no GPU backend is usable."""
+    """Tests marked ``gpu`` outside the backend fixture skip when no GPU backend is usable; tests marked
+    ``multi_gpu(n)`` skip, with the counts found, when fewer than ``n`` GPUs are present."""
     for item in items:
+        multi = item.get_closest_marker("multi_gpu")
+        if multi is not None:
+            need = int(multi.args[0]) if multi.args else 2
+            reason = _multi_gpu_skip_reason(item, need)
+            if reason is not None:
+                item.add_marker(pytest.mark.skip(reason=reason))
+                continue
         if "gpu" in item.keywords and "backend" not in getattr(item, "fixturenames", ()):
             reasons = [backend_skip_reason(n) for n in GPU_BACKENDS]
             if all(reasons):

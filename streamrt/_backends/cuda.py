@@ -36,7 +36,7 @@ from .._errors import BackendError, CaptureError, KernelCompileError, OutOfMemor
 from . import unavailable
 from .protocol import Capabilities, CaptureMode, MemcpyKind, PointerKind
 
-__all__ = ["CudaBackend", "MIN_CUDA_BINDINGS", "create", "nvrtc_compile", "probe"]
+__all__ = ["CudaBackend", "MIN_CUDA_BINDINGS", "create", "nvrtc_compile", "probe", "share_key"]
 
 #: Oldest cuda-bindings accepted: from 12.9.1 (and 13.0.0) every binding call
 #: releases the GIL around the C call, which the blocking calls here rely on.
@@ -47,6 +47,8 @@ _CACHE_LIMIT = 4096  # bound on cached wrapper objects for handles created elsew
 
 # Driver-API result codes used on the error path (values fixed by cuda.h).
 _CUDA_ERROR_INVALID_CONTEXT = 201
+# cudaErrorPeerAccessAlreadyEnabled (driver_types.h): enable_peer_access treats it as success.
+_PEER_ACCESS_ALREADY_ENABLED = 704
 
 # cudaMemoryType values (fixed by driver_types.h) -> PointerKind.
 _POINTER_KINDS = {
@@ -174,6 +176,19 @@ def probe() -> str | None:
     except Exception as exc:
         return f"cuda probe failed: {exc!r}"
     return None if missing is None else missing.line
+
+
+def share_key(**options: Any) -> object:
+    """Runtimes of one process share one CUDA backend object (the driver is process-wide).
+
+    Equal options (normally none) give the same key; unhashable options a private backend.
+    """
+    key = tuple(sorted(options.items()))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def create(**options: Any) -> CudaBackend:
@@ -427,6 +442,7 @@ class CudaBackend:
         # Bound binding functions: one attribute lookup on the hot path.
         self._cudaMemsetAsync = rt.cudaMemsetAsync
         self._cudaMemcpyAsync = rt.cudaMemcpyAsync
+        self._cudaMemcpyPeerAsync = rt.cudaMemcpyPeerAsync
         self._cudaEventRecord = rt.cudaEventRecord
         self._cudaStreamWaitEvent = rt.cudaStreamWaitEvent
         self._cudaGraphLaunch = rt.cudaGraphLaunch
@@ -560,6 +576,32 @@ class CudaBackend:
         err, free, total = self._rt.cudaMemGetInfo()
         _check(err, "cudaMemGetInfo")
         return (int(free), int(total))
+
+    # -- several devices -------------------------------------------------------------------------
+
+    def can_access_peer(self, device: int, peer: int) -> bool:
+        """``cudaDeviceCanAccessPeer(device, peer)``; ``False`` for ``device == peer``."""
+        err, can = self._rt.cudaDeviceCanAccessPeer(device, peer)
+        _check(err, "cudaDeviceCanAccessPeer")
+        return bool(can)
+
+    def enable_peer_access(self, peer: int) -> None:
+        """``cudaDeviceEnablePeerAccess(peer, 0)`` from the current device; already enabled is success."""
+        (err,) = self._rt.cudaDeviceEnablePeerAccess(peer, 0)
+        if err:
+            if int(err) == _PEER_ACCESS_ALREADY_ENABLED:
+                self._rt.cudaGetLastError()  # do not leave it as the thread's last error
+                return
+            _check(err, "cudaDeviceEnablePeerAccess")
+
+    def memcpy_peer_async(self, dst: int, dst_device: int, src: int, src_device: int, nbytes: int, stream: int) -> None:
+        """``cudaMemcpyPeerAsync``: stream-ordered; staged by the driver when peer access is off."""
+        s = self._stream_get(stream)
+        err = self._cudaMemcpyPeerAsync(
+            dst, dst_device, src, src_device, nbytes, self._stream(stream) if s is None else s
+        )[0]
+        if err:
+            _check(err, "cudaMemcpyPeerAsync")
 
     # -- streams --------------------------------------------------------------------------------
 

@@ -47,6 +47,7 @@ __all__ = [
     "REQUIRED_HIPRTC_SYMBOLS",
     "create",
     "probe",
+    "share_key",
 ]
 
 INSTALL_HINT = "pip install 'streamrt[hip]'"
@@ -81,6 +82,9 @@ _HIP_CALLS: dict[str, str] = {
     "hipGetLastError": "hipGetLastError",
     "hipMemsetAsync": "hipMemsetAsync",
     "hipMemcpyAsync": "hipMemcpyAsync",
+    "hipDeviceCanAccessPeer": "hipDeviceCanAccessPeer",
+    "hipDeviceEnablePeerAccess": "hipDeviceEnablePeerAccess",
+    "hipMemcpyPeerAsync": "hipMemcpyPeerAsync",
     "hipLaunchHostFunc": "hipLaunchHostFunc",
     "hipStreamBeginCapture": "hipStreamBeginCapture",
     "hipStreamEndCapture": "hipStreamEndCapture",
@@ -119,6 +123,7 @@ _INVALID_VALUE = 1
 _OUT_OF_MEMORY = 2
 _NO_DEVICE = 100
 _NOT_READY = 600
+_PEER_ACCESS_ALREADY_ENABLED = 704
 # hipErrorStreamCapture{Unsupported,Invalidated,Merge,Unmatched,Unjoined,Isolation,
 # Implicit}, hipErrorCapturedEvent, hipErrorStreamCaptureWrongThread.
 _CAPTURE_ERRORS = frozenset(range(900, 909))
@@ -271,6 +276,14 @@ def probe() -> str | None:
     """``None`` when the HIP backend is usable here, else a one-line reason with the fix."""
     problem = _diagnose()
     return None if problem is None else f"{problem[0]}. {problem[1]}"
+
+
+def share_key(**options: Any) -> object:
+    """Runtimes of one process share one HIP backend object (the runtime is process-wide).
+
+    The backend takes no options: any option gives ``None`` and ``create`` rejects it.
+    """
+    return None if options else ()
 
 
 def create(**options: Any) -> HipBackend:
@@ -429,6 +442,31 @@ class HipBackend:
         err, free, total = self._hipMemGetInfo()
         _check(err, "hipMemGetInfo")
         return int(free), int(total)
+
+    # -- several devices -------------------------------------------------------
+    def can_access_peer(self, device: int, peer: int) -> bool:
+        """``hipDeviceCanAccessPeer(device, peer)``; ``False`` for ``device == peer``."""
+        err, can = self._hipDeviceCanAccessPeer(device, peer)
+        _check(err, "hipDeviceCanAccessPeer")
+        return bool(can)
+
+    def enable_peer_access(self, peer: int) -> None:
+        """``hipDeviceEnablePeerAccess(peer, 0)`` from the current device; already enabled is success."""
+        err = self._hipDeviceEnablePeerAccess(peer, 0)[0]
+        if err:
+            if err == _PEER_ACCESS_ALREADY_ENABLED:
+                self._hipGetLastError()  # do not leave it as the thread's last error
+                return
+            _check(err, "hipDeviceEnablePeerAccess")
+
+    def memcpy_peer_async(self, dst: int, dst_device: int, src: int, src_device: int, nbytes: int, stream: int) -> None:
+        """``hipMemcpyPeerAsync``: stream-ordered; staged through the host when peer access is off."""
+        st = self._streams.get(stream)
+        if st is None:
+            st = self._remember(self._streams, self._new_stream, stream)
+        err = self._hipMemcpyPeerAsync(self._pointer(dst), dst_device, self._pointer(src), src_device, nbytes, st)[0]
+        if err:
+            _check(err, "hipMemcpyPeerAsync")
 
     # -- streams ---------------------------------------------------------------
     def stream_create(self, priority: int = 0) -> int:

@@ -16,6 +16,14 @@ Rules every implementation keeps:
   calls (``*_synchronize``) release the GIL.
 * ``set_device`` is per calling thread, as in HIP/CUDA; the runtime layer calls
   ``ensure_device`` before work on threads it owns.
+* One backend object can serve every device of the process (runtimes of one
+  process share it, see ``streamrt._runtime``). Streams, events and memory
+  belong to the device that was current when they were created. Memsets,
+  copies and host functions may be enqueued on a stream of any device; an event
+  is recorded only on a stream of its own device, and kernel launches and event
+  or stream creation need the stream's device current (the runtime layer
+  ensures both). ``stream_wait_event`` works across devices;
+  ``memcpy_peer_async`` copies between devices.
 """
 
 from __future__ import annotations
@@ -107,9 +115,38 @@ class Backend(Protocol):
         ...
 
     def capabilities(self, device: int) -> Capabilities: ...
-    def device_synchronize(self) -> None: ...
+    def device_synchronize(self) -> None:
+        """Wait for all work on the calling thread's current device."""
+        ...
+
     def mem_get_info(self) -> tuple[int, int]:
         """``(free, total)`` bytes of the current device."""
+        ...
+
+    # -- several devices -------------------------------------------------------
+    def can_access_peer(self, device: int, peer: int) -> bool:
+        """Whether ``device`` can map ``peer``'s memory directly (``cudaDeviceCanAccessPeer``).
+
+        ``False`` for ``device == peer`` (a device is not its own peer). Cheap; no side effects.
+        """
+        ...
+
+    def enable_peer_access(self, peer: int) -> None:
+        """Let the calling thread's current device access ``peer``'s memory (one direction).
+
+        Process-wide and permanent until the process ends. Idempotent: access that
+        is already enabled is not an error. Raises when the pair cannot access each
+        other (check :meth:`can_access_peer` first).
+        """
+        ...
+
+    def memcpy_peer_async(self, dst: int, dst_device: int, src: int, src_device: int, nbytes: int, stream: int) -> None:
+        """Copy ``nbytes`` of device memory from ``src`` on ``src_device`` to ``dst`` on ``dst_device``.
+
+        Stream-ordered on ``stream`` (a stream of any device of this backend; by
+        convention the source's or the destination's). Legal without peer access:
+        the driver then stages the copy through host memory, more slowly.
+        """
         ...
 
     # -- streams ---------------------------------------------------------------

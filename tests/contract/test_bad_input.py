@@ -105,6 +105,10 @@ def test_closed_runtime(backend) -> None:
 
 
 def test_buffer_from_another_runtime(rt, setup, backend) -> None:
+    """A buffer of another runtime on the same device is refused (only a device buffer of another device is
+    accepted, by copy, as a peer copy). An event of another runtime is refused only when that runtime has a
+    different backend instance (one-device simulators are private); GPU backends are one object per process,
+    whose streams may wait on any of its runtimes' events."""
     s, d, h = setup
     with srt.open_runtime(backend) as other:
         foreign = other.device_allocator.allocate(64)
@@ -113,8 +117,11 @@ def test_buffer_from_another_runtime(rt, setup, backend) -> None:
         with pytest.raises(ValueError, match="another runtime"):
             s.memset(foreign, 0)
         ev = other.create_event()
-        with pytest.raises(ValueError, match="another runtime"):
-            s.wait(ev)
+        if other.backend is rt.backend:
+            s.wait(ev)  # never recorded: a no-op
+        else:
+            with pytest.raises(ValueError, match="another runtime"):
+                s.wait(ev)
     _nothing_enqueued(rt, s, d, h)
 
 

@@ -294,6 +294,9 @@ static hipError_t hip_from_cuda(hoc_cudaError err) {
     X(hoc_cudaError, cudaPointerGetAttributes, (void*, const void*))                             \
     X(hoc_cudaError, cudaMemsetAsync, (void*, int, size_t, hoc_stream))                          \
     X(hoc_cudaError, cudaMemcpyAsync, (void*, const void*, size_t, int, hoc_stream))             \
+    X(hoc_cudaError, cudaDeviceCanAccessPeer, (int*, int, int))                                  \
+    X(hoc_cudaError, cudaDeviceEnablePeerAccess, (int, unsigned int))                            \
+    X(hoc_cudaError, cudaMemcpyPeerAsync, (void*, int, const void*, int, size_t, hoc_stream))    \
     X(hoc_cudaError, cudaLaunchHostFunc, (hoc_stream, hoc_host_fn, void*))                       \
     X(hoc_cudaError, cudaStreamBeginCapture, (hoc_stream, int))                                  \
     X(hoc_cudaError, cudaStreamEndCapture, (hoc_stream, hoc_graph*))                             \
@@ -962,6 +965,29 @@ HIP_API hipError_t hipMemcpyAsync(void* dst, const void* src, size_t size, int k
     if (kind == 1024) kind = HOC_cudaMemcpyDeviceToDevice;
     if (kind < HOC_cudaMemcpyHostToHost || kind > HOC_cudaMemcpyDefault) return hip_local(hipErrorInvalidMemcpyDirection);
     return hip_from_cuda(rt.cudaMemcpyAsync(dst, src, size, kind, stream));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Several devices: peer access and peer copies                              */
+/* ------------------------------------------------------------------------ */
+HIP_API hipError_t hipDeviceCanAccessPeer(int* can_access_peer, int device, int peer_device) {
+    CUDART_REQUIRED();
+    if (!can_access_peer) return hip_local(hipErrorInvalidValue);
+    *can_access_peer = 0;
+    return hip_from_cuda(rt.cudaDeviceCanAccessPeer(can_access_peer, device, peer_device));
+}
+
+/* cudaErrorPeerAccessAlreadyEnabled (704) maps to hipErrorPeerAccessAlreadyEnabled, as HIP reports it. */
+HIP_API hipError_t hipDeviceEnablePeerAccess(int peer_device, unsigned int flags) {
+    CUDART_REQUIRED();
+    /* flags are reserved (must be 0) in both APIs: passed through so CUDA rejects others as HIP does */
+    return hip_from_cuda(rt.cudaDeviceEnablePeerAccess(peer_device, flags));
+}
+
+HIP_API hipError_t hipMemcpyPeerAsync(void* dst, int dst_device, const void* src, int src_device, size_t size,
+                                      hipStream_t stream) {
+    CUDART_REQUIRED();
+    return hip_from_cuda(rt.cudaMemcpyPeerAsync(dst, dst_device, src, src_device, size, stream));
 }
 
 /* ------------------------------------------------------------------------ */

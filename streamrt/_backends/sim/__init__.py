@@ -35,6 +35,7 @@ from ._profile import SimProfile
 __all__ = [
     "create",
     "probe",
+    "share_key",
     "SimBackend",
     "SimProfile",
     "OpRecord",
@@ -56,6 +57,38 @@ ProfileSpec = Union[None, SimProfile, str, "os.PathLike[str]"]
 def probe() -> str | None:
     """The simulator needs nothing beyond numpy: always usable (``None``)."""
     return None
+
+
+def _load_profile(profile: ProfileSpec) -> SimProfile:
+    if profile is None:
+        return SimProfile()
+    if isinstance(profile, SimProfile):
+        return profile
+    if isinstance(profile, (str, os.PathLike)):
+        return SimProfile.from_json(profile)
+    raise TypeError(f"profile must be None, a SimProfile or a JSON file path, not {type(profile).__name__}")
+
+
+def share_key(profile: ProfileSpec = None, devices: int = 1, check_hazards: bool | str = False, **options: object) -> object:
+    """The key under which runtimes of one process share one simulator, or ``None`` for a private one.
+
+    A simulator of several devices (``devices >= 2``) is one simulated machine:
+    ``open_runtime("sim", device=i, devices=N)`` for each ``i`` gives runtimes
+    of one backend object (threads, memory, timelines, op log), so their
+    streams can wait on each other's events and copy between devices. Runtimes
+    opened with equal options share it (a profile given as a JSON path is
+    compared by content). A one-device simulator stays private to its runtime,
+    as before. Invalid options give ``None`` (``create`` then reports them).
+    """
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 2:
+        return None
+    try:
+        prof = _load_profile(profile)
+        key = (prof, devices, "record" if check_hazards is True else check_hazards, tuple(sorted(options.items())))
+        hash(key)
+    except Exception:  # noqa: BLE001 - create() raises the proper error for bad options
+        return None
+    return key
 
 
 def create(
@@ -82,14 +115,7 @@ def create(
 
     Raises ``TypeError``/``ValueError`` for bad options.
     """
-    if profile is None:
-        prof = SimProfile()
-    elif isinstance(profile, SimProfile):
-        prof = profile
-    elif isinstance(profile, (str, os.PathLike)):
-        prof = SimProfile.from_json(profile)
-    else:
-        raise TypeError(f"profile must be None, a SimProfile or a JSON file path, not {type(profile).__name__}")
+    prof = _load_profile(profile)
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
         raise ValueError(f"devices must be an int >= 1, got {devices!r}")
     if check_hazards not in (False, True, "record", "raise"):

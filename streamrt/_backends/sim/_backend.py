@@ -24,6 +24,16 @@ Behaviour, in the protocol's terms:
   to the completion they waited for plus ``sync_wake_us``. Queries and pure
   look-ups (``*_query``, ``pointer_kind``, ``capabilities``, ...) cost nothing,
   since how often a program polls depends on real timing.
+* **Several devices** (``devices=N``): each device has its own executor and
+  callback threads, memory, null stream and virtual timeline
+  (:meth:`SimBackend.device_time_us`). A stream may wait on an event recorded
+  on another device: its later work waits for the real completion and starts
+  no earlier than the event's virtual time. An event is recorded only on
+  streams of the device that was current at its creation, and
+  ``event_elapsed_ms`` refuses events of two devices (as CUDA and HIP do).
+  ``can_access_peer`` is ``True`` for every pair; ``enable_peer_access`` is
+  remembered and makes ``memcpy_peer_async`` (real bytes) run at
+  ``peer_bandwidth_gbps`` instead of the staged-through-host rate.
 * **Capture and graphs** (``_graph``), **kernel twins** (``_kernels``) and
   **hazard checking** (``_hazards``): see those modules.
 
@@ -76,7 +86,8 @@ class SimBackend(MemoryCalls, GraphCalls, KernelCalls):
 
     Implements every method of :class:`~streamrt._backends.protocol.Backend`
     (see the module docstring for the behaviour) plus the simulator's own tools:
-    :meth:`op_log`, :meth:`clear_op_log`, :meth:`host_now_us`,
+    :meth:`op_log`, :meth:`clear_op_log`, :meth:`host_now_us`, :meth:`device_time_us`,
+    :meth:`peer_access_enabled`,
     :meth:`advance_host_clock`, :meth:`hazards`, :meth:`clear_hazards`,
     :meth:`check_host_access` and :attr:`profile`.
 
@@ -150,6 +161,27 @@ class SimBackend(MemoryCalls, GraphCalls, KernelCalls):
             used = self._mem.used[tls.device]
         total = self._profile.total_memory
         return total - used, total
+
+    # == several devices ==========================================================================
+    def can_access_peer(self, device: int, peer: int) -> bool:
+        """``True`` for any two different devices (the simulated machine is a full peer mesh)."""
+        call = "can_access_peer"
+        self._enter(call)
+        return self._check_device(device, call) != self._check_device(peer, call)
+
+    def enable_peer_access(self, peer: int) -> None:
+        """Let the current device access ``peer``'s memory: its peer copies run at ``peer_bandwidth_gbps``.
+
+        Idempotent. ``peer`` equal to the current device raises ``simErrorInvalidDevice`` (as on CUDA).
+        """
+        call = "enable_peer_access"
+        tls = self._enter(call)
+        p = self._check_device(peer, call)
+        if p == tls.device:
+            fail(C.INVALID_DEVICE, f"device {p} cannot be its own peer", call)
+        with self._lock:
+            self._peer_access.add((tls.device, p))
+            self._charge(tls)
 
     # == streams ==================================================================================
     def stream_create(self, priority: int = 0) -> int:
@@ -276,7 +308,7 @@ class SimBackend(MemoryCalls, GraphCalls, KernelCalls):
         tls = self._enter(call)
         with self._lock:
             handle = self._new_handle(EVENT_BASE)
-            self._events[handle] = EventState(handle, bool(timing), bool(blocking_sync))
+            self._events[handle] = EventState(handle, bool(timing), bool(blocking_sync), tls.device)
             self._charge(tls)
         return handle
 
@@ -295,6 +327,13 @@ class SimBackend(MemoryCalls, GraphCalls, KernelCalls):
         with self._lock:
             ev = self._event(event, call)
             s = self._stream(stream, tls, call)
+            if ev.owner != s.device:
+                fail(
+                    C.INVALID_HANDLE,
+                    f"event {ev.handle:#x} was created on device {ev.owner} and cannot be recorded on stream "
+                    f"{s.handle:#x} of device {s.device} (CUDA and HIP refuse it too)",
+                    call,
+                )
             if s.capture is not None:
                 self._check_capture_valid(s.capture, call)
                 ev.state = CAPTURED
@@ -373,6 +412,12 @@ class SimBackend(MemoryCalls, GraphCalls, KernelCalls):
                 assert ev.op is not None
                 if not ev.op.done:
                     fail(C.NOT_READY, f"event {ev.handle:#x} has not completed yet", call)
+            if evs[0].device != evs[1].device:
+                fail(
+                    C.INVALID_HANDLE,
+                    f"events recorded on devices {evs[0].device} and {evs[1].device}: devices have no common clock",
+                    call,
+                )
             return (evs[1].time_us - evs[0].time_us) / 1000.0
 
     # == host functions =================================================================================
@@ -458,6 +503,22 @@ class SimBackend(MemoryCalls, GraphCalls, KernelCalls):
         with self._lock:
             if self._sched.log is not None:
                 self._sched.log.clear()
+
+    def peer_access_enabled(self, device: int, peer: int) -> bool:
+        """Whether :meth:`enable_peer_access` made ``peer``'s memory accessible from ``device``."""
+        with self._lock:
+            return (device, peer) in self._peer_access
+
+    def device_time_us(self, device: int) -> float:
+        """The virtual end of the latest work enqueued on ``device`` (its timeline's tail), µs.
+
+        Each device has its own timeline: work on one device does not move another's,
+        except through a cross-device event wait or a peer copy it runs.
+        """
+        call = "device_time_us"
+        self._check_device(device, call)
+        with self._lock:
+            return self._devices[device].time_us
 
     def host_now_us(self) -> float:
         """The calling thread's host virtual time, µs."""

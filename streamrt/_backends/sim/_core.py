@@ -102,28 +102,42 @@ class StreamState:
 
 
 class EventState:
-    __slots__ = ("handle", "timing", "blocking", "state", "op", "time_us", "device", "vc", "capture", "cap_deps")
+    __slots__ = (
+        "handle",
+        "timing",
+        "blocking",
+        "owner",
+        "state",
+        "op",
+        "time_us",
+        "device",
+        "vc",
+        "capture",
+        "cap_deps",
+    )
 
-    def __init__(self, handle: int, timing: bool, blocking: bool) -> None:
+    def __init__(self, handle: int, timing: bool, blocking: bool, owner: int = 0) -> None:
         self.handle = handle
         self.timing = timing
         self.blocking = blocking
+        self.owner = owner  # the device current at creation: records only on its streams, as on CUDA/HIP
         self.state = UNRECORDED
         self.op: Op | None = None
         self.time_us = 0.0
-        self.device = 0
+        self.device = 0  # the device of the stream of the latest record
         self.vc: dict[int, int] | None = None
         self.capture: Capture | None = None
         self.cap_deps: tuple[int, ...] = ()
 
 
 class DeviceState:
-    __slots__ = ("index", "null", "engine_free", "executor", "streams", "loose")
+    __slots__ = ("index", "null", "engine_free", "executor", "streams", "loose", "time_us")
 
     def __init__(self, index: int, null: StreamState, executor: Executor) -> None:
         self.index = index
         self.null = null
         self.engine_free = {"h2d": 0.0, "d2h": 0.0}
+        self.time_us = 0.0  # virtual end of the latest op enqueued on the device (its timeline's tail)
         self.executor = executor
         self.streams: set[StreamState] = {null}  # live streams and destroyed ones with pending work
         self.loose: list[Op] = []  # pending ops on no stream (deferred graph-memory frees)
@@ -247,6 +261,9 @@ class SimCore:
             "h2h": 1.0 / (profile.h2h_gbps * 1e3),
         }
         self._pageable_rate = 1.0 / (profile.pageable_gbps * 1e3)
+        # several devices: enabled peer access (accessing device, peer) and per-link copy queues
+        self._peer_access: set[tuple[int, int]] = set()
+        self._link_free: dict[tuple[int, int], float] = {}
         self._serialize_engines = profile.serialize_copy_engines
         self._closed = False
         self._close_lock = threading.Lock()
@@ -346,6 +363,8 @@ class SimCore:
         end = start + duration
         if engine is not None:
             dev.engine_free[engine] = end
+        if end > dev.time_us:
+            dev.time_us = end
         s.tail_us = end
         if work:
             s.work_ready_us = end + gap_after

@@ -310,6 +310,8 @@ class GraphCalls(SimCore):
             self._sched.submit(join)
             s.last_op = join
             s.tail_us = join_us
+            if join_us > dev.time_us:
+                dev.time_us = join_us
             s.work_ready_us = join_us + (p.op_gap_us if any_work else 0.0)
             ex.last = join
             ex.last_end_us = join_us

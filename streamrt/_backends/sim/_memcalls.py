@@ -25,7 +25,8 @@ _COPY_OPS = {"h2h": "copy_h2h", "h2d": "copy_h2d", "d2h": "copy_d2h", "d2d": "co
 
 
 class MemoryCalls(SimCore):
-    """malloc / free / host_malloc / host_free / malloc_async / free_async / pointer_kind / memset_async / memcpy_async."""
+    """malloc / free / host_malloc / host_free / malloc_async / free_async / pointer_kind / memset_async /
+    memcpy_async / memcpy_peer_async."""
 
     # == memory =====================================================================================
     def malloc(self, nbytes: int) -> int:
@@ -277,7 +278,7 @@ class MemoryCalls(SimCore):
                     fail(
                         C.INVALID_VALUE,
                         f"{a.base:#x} is memory of device {a.device} but the stream is on device {s.device}; "
-                        "peer copies are not simulated yet",
+                        "copy between devices with memcpy_peer_async",
                         call,
                     )
             pageable = da is None or sa is None
@@ -332,3 +333,84 @@ class MemoryCalls(SimCore):
             )
         if pageable:
             self._wait(tls, [op], op.end_us, call)
+
+    def memcpy_peer_async(self, dst: int, dst_device: int, src: int, src_device: int, nbytes: int, stream: int) -> None:
+        """Copy ``nbytes`` of device memory from ``src`` (on ``src_device``) to ``dst`` (on ``dst_device``).
+
+        Stream-ordered on ``stream``, a stream of any device; the device of that
+        stream runs it (real bytes). Both pointers must lie in device memory of
+        the devices named. Costs: see :meth:`SimProfile.peer_copy_us` (direct
+        when peer access is enabled between the two devices in either
+        direction, staged otherwise; one queue per link direction with
+        ``serialize_copy_engines``); between two buffers of one device, a D2D copy.
+        Captured as a graph node on a capturing stream.
+        """
+        call = "memcpy_peer_async"
+        tls = self._enter(call)
+        n = check_count(nbytes, "nbytes", call)
+        d = check_count(dst, "dst", call)
+        sp = check_count(src, "src", call)
+        dd = self._check_device(dst_device, call)
+        sd = self._check_device(src_device, call)
+        with self._lock:
+            s = self._stream(stream, tls, call)
+            if n == 0:
+                self._charge(tls)
+                return
+            da = self._region(d, n, "destination", call, "copy_peer", s)
+            sa = self._region(sp, n, "source", call, "copy_peer", s)
+            for a, ptr, dev, what in ((da, d, dd, "destination"), (sa, sp, sd, "source")):
+                if a is None or a.kind is not DEVICE:
+                    kind = "pinned host" if a is not None else "pageable host"
+                    fail(C.INVALID_VALUE, f"the {what} {ptr:#x} is {kind} memory; peer copies move device memory", call)
+                if a.device != dev:
+                    fail(
+                        C.INVALID_VALUE,
+                        f"the {what} {ptr:#x} is memory of device {a.device}, not of device {dev}",
+                        call,
+                    )
+            p = self._profile
+            link: tuple[int, int] | None = None
+            if sd == dd:
+                duration = p.copy_us("d2d", n)
+            else:
+                direct = (sd, dd) in self._peer_access or (dd, sd) in self._peer_access
+                duration = p.peer_copy_us(n, peer_access=direct)
+                if self._serialize_engines:
+                    link = (sd, dd)
+            accesses = [(sa, sp, sp + n, READ), (da, d, d + n, WRITE)]
+            if s.capture is not None:
+                self._capture_node(
+                    tls,
+                    s,
+                    "copy_peer",
+                    call,
+                    nbytes=n,
+                    duration_us=duration,
+                    gap_after_us=p.graph_node_gap_us,
+                    fn=ctypes.memmove,
+                    args=(d, sp, n),
+                    refs=(da, sa),
+                    accesses=tuple(accesses),
+                )
+                return
+            seq = self._seq + 1
+            if self._hz is not None:
+                self._hazard_check(s, "copy_peer", seq, accesses, call)
+            self._seq = seq
+            op = self._enqueue(
+                tls,
+                s,
+                "copy_peer",
+                seq,
+                duration=duration,
+                work=True,
+                gap_after=self._gap_us,
+                fn=ctypes.memmove,
+                args=(d, sp, n),
+                refs=(da, sa),
+                nbytes=n,
+                wait_us=self._link_free.get(link, 0.0) if link is not None else 0.0,
+            )
+            if link is not None:
+                self._link_free[link] = op.end_us

@@ -7,6 +7,7 @@ that respects their dependencies; :class:`OpRecord` is the frozen view of a
 completed op returned by ``SimBackend.op_log()``.
 
 Op kinds: ``memset``, ``copy_h2d``, ``copy_d2h``, ``copy_d2d``, ``copy_h2h``,
+``copy_peer`` (between two devices; ``device`` is the device that ran it),
 ``kernel``, ``host_func``, ``event_record``, ``wait_event``, ``malloc_async``,
 ``free_async``, ``graph_launch`` (the marker that ends a graph replay on its
 stream; the replayed nodes are ops of their own kinds with ``graph_exec`` set),
@@ -23,7 +24,9 @@ from typing import Any
 __all__ = ["Op", "OpRecord", "WORK_KINDS"]
 
 #: kinds that occupy a stream as work (as opposed to zero-length markers)
-WORK_KINDS = frozenset({"memset", "copy_h2d", "copy_d2h", "copy_d2d", "copy_h2h", "kernel", "host_func"})
+WORK_KINDS = frozenset(
+    {"memset", "copy_h2d", "copy_d2h", "copy_d2d", "copy_h2h", "copy_peer", "kernel", "host_func"}
+)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,17 @@ How the figures combine (all in virtual µs):
   ``op_fixed_us + nbytes / <direction>_gbps`` (``pageable_gbps`` when one side
   is pageable host memory). With ``serialize_copy_engines`` host-to-device and
   device-to-host copies each queue on one copy engine per device, in issue order.
+* peer copy (``memcpy_peer_async``, between devices): ``op_fixed_us +
+  peer_latency_us + nbytes / peer_bandwidth_gbps`` when peer access is enabled
+  between the two devices (either direction); without it the copy is staged
+  through host memory, at ``min(h2d_gbps, d2h_gbps)``. With
+  ``serialize_copy_engines`` the copies of one direction of a link (source →
+  destination device) queue behind each other, whatever stream issued them.
+  A peer copy between two buffers of one device costs a D2D copy.
+* Each device has its own virtual timeline: work on one device never delays
+  another, except through an event wait (a stream waiting on an event recorded
+  on another device starts its next op no earlier than the event's time) or a
+  shared peer link.
 * A host function occupies its stream for ``host_func_us`` (the measured
   48 µs gap); the function itself is called ``host_func_start_us`` after the
   stream reaches it, so launch-to-start on an idle stream is
@@ -71,6 +82,9 @@ class SimProfile:
         memset_gbps: memset bandwidth, GB/s (similar to D2D).
         pageable_gbps: bandwidth of a copy with a pageable side, GB/s (*estimate*).
         graph_node_gap_us: gap between dependent device nodes of a graph (*estimate*).
+        peer_bandwidth_gbps: device-to-device bandwidth between two devices with peer
+            access, GB/s (*estimate*: NVLink-class, one direction, H200 SXM).
+        peer_latency_us: fixed extra start-up cost of a copy between two devices (*estimate*).
         serialize_copy_engines: H2D and D2H copies each queue on one copy engine.
     """
 
@@ -94,6 +108,8 @@ class SimProfile:
     pageable_gbps: float = 20.0
     graph_node_gap_us: float = 1.0
     serialize_copy_engines: bool = True
+    peer_bandwidth_gbps: float = 300.0
+    peer_latency_us: float = 5.0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -169,3 +185,8 @@ class SimProfile:
         else:
             gbps = {"h2d": self.h2d_gbps, "d2h": self.d2h_gbps, "d2d": self.d2d_gbps, "h2h": self.h2h_gbps}[direction]
         return self.op_fixed_us + nbytes / (gbps * 1e3)
+
+    def peer_copy_us(self, nbytes: int, *, peer_access: bool = True) -> float:
+        """Duration of a copy of ``nbytes`` between two devices (staged through the host without peer access)."""
+        gbps = self.peer_bandwidth_gbps if peer_access else min(self.h2d_gbps, self.d2h_gbps)
+        return self.op_fixed_us + self.peer_latency_us + nbytes / (gbps * 1e3)
