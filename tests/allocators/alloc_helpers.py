@@ -12,12 +12,22 @@ import streamrt as srt
 
 
 class Gate:
-    """Holds a stream at the current point until :meth:`open` (a Python host function blocked on an Event)."""
+    """Holds a stream at the current point until :meth:`open` (a Python host function blocked on an Event).
 
-    def __init__(self, stream: srt.Stream) -> None:
+    On a GPU the queue behind a blocked host function is bounded: enqueueing many
+    ops behind a gate blocks the enqueuing thread. Tests keep the work behind a
+    gate small, and the gate gives up after ``timeout`` seconds (the host
+    function then raises) so a mistake fails the test instead of hanging it.
+    """
+
+    def __init__(self, stream: srt.Stream, timeout: float = 30.0) -> None:
         self.event = threading.Event()
         self.stream = stream
-        stream.launch_host_func(self.event.wait)
+        self.completion = stream.launch_host_func(self._hold, timeout)
+
+    def _hold(self, timeout: float) -> None:
+        if not self.event.wait(timeout):
+            raise TimeoutError("gate was never opened")
 
     @property
     def is_open(self) -> bool:
