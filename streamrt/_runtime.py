@@ -28,6 +28,7 @@ from ._trace import Trace, TraceRegion, attach_on_open, finish_on_close, stop_tr
 
 if TYPE_CHECKING:
     from ._kernel import KernelLibrary
+    from .torch import FetchFuture
     from ._scheduler import Scheduler
 
 __all__ = ["Runtime", "open_runtime"]
@@ -153,9 +154,11 @@ class Runtime:
         self._lock = threading.Lock()
         self._streams: weakref.WeakSet[Stream] = weakref.WeakSet()
         self._events: weakref.WeakSet[Event] = weakref.WeakSet()
-        self._native_functions: dict[int, object] = {}  # native host functions kept alive until close
+        # native host functions by id(): (function, address), kept alive until close
+        self._native_functions: dict[int, tuple[object, int]] = {}
         self._tracer: Any = None  # a tracer while tracing is on; Stream/Event hooks test it for None
         self._last_trace: Trace | None = None
+        self._torch_context: Any = None  # streamrt.torch's per-runtime state, made on first use
         self._schedulers: weakref.WeakSet[Scheduler] = weakref.WeakSet()
         self._capabilities = backend.capabilities(device)
         self.releaser = Releaser()
@@ -272,6 +275,13 @@ class Runtime:
         from ._kernel import library_for
 
         return library_for(self)
+
+    def fetch(self, tensor: Any, stream: Stream | None = None, *, dtype: Any = None) -> FetchFuture:
+        """A host copy (numpy) of ``tensor`` (a torch tensor, or a Buffer with ``stream=``/``dtype=``) as an
+        awaitable future; never blocks and never synchronizes the stream. See ``streamrt.torch.fetch``."""
+        from .torch import fetch
+
+        return fetch(self, tensor, stream, dtype=dtype)
 
     # -- tracing -----------------------------------------------------------------------------------
     def trace(self, *, name: str = "trace") -> TraceRegion:
@@ -409,10 +419,6 @@ class Runtime:
             if stream is not made:
                 made.close()
         return stream
-
-    def _keep_native(self, address: int, fn: object) -> None:
-        if address not in self._native_functions:
-            self._native_functions[address] = fn
 
     def _forget_event(self, event: Event) -> None:
         with self._lock:

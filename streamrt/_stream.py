@@ -132,7 +132,7 @@ class Stream:
             raise ValueError("dst is read-only")
         if buf._kind == PAGEABLE:
             raise ValueError("stream.memset needs device or pinned host memory; pageable host memory can be set with numpy")
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 255:
+        if type(value) is not int or not 0 <= value <= 255:  # bool and floats are refused too
             raise ValueError(f"memset value must be an int byte in [0, 255], got {value!r}")
         n = buf._nbytes if nbytes is None else check_size(nbytes, "nbytes")
         if n > buf._nbytes:
@@ -225,21 +225,28 @@ class Stream:
         """
         if self._closed:
             self._check_open()
-        if not callable(fn):
-            raise TypeError(f"launch_host_func needs a callable, got {type(fn).__name__}")
-        address = native_function_address(fn)
-        engine = self._runtime._engine
-        tracer = self._runtime._tracer
+        runtime = self._runtime
+        known = runtime._native_functions.get(id(fn))
+        if known is not None and known[0] is fn:
+            address: int | None = known[1]
+        else:
+            if not callable(fn):
+                raise TypeError(f"launch_host_func needs a callable, got {type(fn).__name__}")
+            address = native_function_address(fn)
+            if address is not None:
+                # Kept alive (and its address remembered) until the runtime closes.
+                runtime._native_functions[id(fn)] = (fn, address)
+        tracer = runtime._tracer
         if address is None:
+            engine = runtime._engine
             if tracer is None:
                 return engine.host_call(self._handle, fn, args)
             return tracer.host_call(self, fn, args, engine.host_call)
-        user_data = _user_data(args)
-        self._runtime._keep_native(address, fn)
+        user_data = _user_data(args) if args else 0
         if tracer is None:
-            engine.host_call_native(self._handle, address, user_data)
+            self._backend.launch_host_func(self._handle, address, user_data)
         else:
-            tracer.op(self, "host_native", 0, lambda: engine.host_call_native(self._handle, address, user_data))
+            tracer.op(self, "host_native", 0, lambda: self._backend.launch_host_func(self._handle, address, user_data))
         return None
 
     # -- kernels --------------------------------------------------------------------------------

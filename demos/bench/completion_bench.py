@@ -2,7 +2,7 @@
 
 A script, not a test (pytest does not collect it). Run it on each backend::
 
-    python demos/bench/completion_bench.py --backend cuda [--rounds 3] [--json out.json]
+    python demos/bench/completion_bench.py --backend cuda [--rounds 3] [--out out.json]
 
 What it measures, side by side, interleaving variants and repeating rounds
 (DESIGN §9: single runs differ by 2x):
@@ -237,7 +237,7 @@ def main() -> None:
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--n", type=int, default=2000, help="awaits per latency sample set")
-    ap.add_argument("--json", type=Path)
+    ap.add_argument("--out", type=Path, help="write the results as JSON here")
     args = ap.parse_args()
 
     report: dict[str, Any] = {"python": sys.version.split()[0]}
@@ -268,8 +268,8 @@ def main() -> None:
     report["host_function_stall"] = _stall_variants(report["backend"], rounds=30 * args.rounds)
     text = json.dumps(report, indent=2, default=str)
     print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    if args.out:
+        args.out.write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,391 @@
+"""Training-loop benchmark (issue 8): plain torch (a) vs streamrt (b) vs streamrt + a captured step (c).
+
+Runs ``demos/train_loop.py``'s three variants side by side in one process, for
+each model size of a sweep, and measures per variant:
+
+* **step time**: wall time of ``--steps`` steps after ``--warmup`` steps,
+  between two ``torch.cuda.synchronize()`` calls, divided by the steps;
+* **host enqueue time per step**: the same window up to the host's last
+  enqueue, before the closing synchronize (for (b)/(c) the host runs ahead);
+* **host-synchronizing calls per step** in that window: torch's own, counted
+  with ``torch.cuda.set_sync_debug_mode("warn")`` (each ``.item()``,
+  ``.cpu()``, pageable ``.to(device)`` warns once), plus streamrt's blocking
+  calls (``Stream/Event/Runtime.synchronize``, and ``Completion.wait`` on a
+  Completion not yet done), counted by wrapping them;
+* **GPU idle fraction per step**: from a torch profiler (CUPTI) trace of
+  ``--profile-steps`` further steps (a separate run: the profiler slows the
+  host): ``1 - (union of kernel, memcpy and memset intervals) / (first start
+  to last end)``, and the GPU busy time per step;
+* the losses of the three variants are compared (they must agree).
+
+The summary names, for each size, (b)'s speedup over (a); a size is
+"host-bound" for (a) when (a)'s GPU idles at least ``--host-bound-idle`` of
+the time. With ``--images`` it also writes streamrt timelines of a few steps of
+(a) and (b) at the headline size (``rt.trace()``; torch's work shows as one
+span per step, host waits as blocking records): ``docs/img/train-a.png`` and
+``docs/img/train-b.png``.
+
+    python demos/bench/train_loop_bench.py --out train_loop.json --images
+
+Needs torch with CUDA and a GPU runtime (``--backend auto``). ``--device cpu``
+runs a functional smoke version on the simulator (no profiler, no sync
+counting: those need CUDA).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+import streamrt as srt
+
+ROOT = Path(__file__).resolve().parents[2]
+SIZES = {
+    # name: (d_model, n_layers, n_heads, seqs, max_seqlen, vocab)
+    "xs": (32, 1, 2, 4, 16, 64),  # the demo's CI size: a functional check
+    "s": (256, 2, 4, 16, 128, 512),  # the demo's FULL size
+    "m": (512, 2, 8, 32, 128, 1024),
+    "l": (768, 4, 12, 32, 256, 1024),
+}
+
+
+def _load_demo() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("train_loop_demo", ROOT / "demos" / "train_loop.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+demo = _load_demo()
+
+
+def config(size: str, steps: int) -> Any:
+    d, layers, heads, seqs, max_len, vocab = SIZES[size]
+    return dataclasses.replace(demo.FULL, d_model=d, n_layers=layers, n_heads=heads, seqs=seqs, max_seqlen=max_len, vocab=vocab, steps=steps)
+
+
+# -- counting host synchronization -----------------------------------------------------------------------------
+
+
+class SyncCounter:
+    """Counts host-synchronizing calls while active: torch's (sync debug mode warnings) and streamrt's."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self.torch_syncs = 0
+        self.streamrt_syncs = 0
+        self.kinds: dict[str, int] = {}
+        self._active = False
+        self._saved: list[tuple[Any, str, Any]] = []
+        self._warnings: Any = None
+        self._log: list[warnings.WarningMessage] | None = None
+
+    def _wrap(self, owner: Any, name: str, blocking: Callable[[Any], bool]) -> None:
+        original = getattr(owner, name)
+        counter = self
+
+        def counted(obj: Any, *args: Any, **kwargs: Any) -> Any:
+            if counter._active and blocking(obj):
+                counter.streamrt_syncs += 1
+                key = f"{owner.__name__}.{name}"
+                counter.kinds[key] = counter.kinds.get(key, 0) + 1
+            return original(obj, *args, **kwargs)
+
+        self._saved.append((owner, name, original))
+        setattr(owner, name, counted)
+
+    def start(self) -> None:
+        self._wrap(srt.Stream, "synchronize", lambda s: True)
+        self._wrap(srt.Event, "synchronize", lambda e: True)
+        self._wrap(srt.Runtime, "synchronize", lambda r: True)
+        self._wrap(srt.Completion, "wait", lambda c: not c.is_done)
+        if self.cuda:
+            self._warnings = warnings.catch_warnings(record=True)
+            self._log = self._warnings.__enter__()
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+        self._active = True
+
+    def stop(self) -> None:
+        self._active = False
+        if self.cuda:
+            torch.cuda.set_sync_debug_mode("default")
+            assert self._log is not None
+            for w in self._log:
+                if "synchroniz" in str(w.message):
+                    self.torch_syncs += 1
+                    key = "torch: " + str(w.message)[:60]
+                    self.kinds[key] = self.kinds.get(key, 0) + 1
+            self._warnings.__exit__(None, None, None)
+        for owner, name, original in reversed(self._saved):
+            setattr(owner, name, original)
+        self._saved.clear()
+
+
+# -- GPU idle fraction from a profiler trace ----------------------------------------------------------------------------
+
+
+def _union_us(intervals: list[tuple[float, float]]) -> float:
+    total = 0.0
+    end = float("-inf")
+    for s, e in sorted(intervals):
+        if e <= end:
+            continue
+        total += e - max(s, end)
+        end = e
+    return total
+
+
+class GpuProfile:
+    """A torch profiler window: device activity intervals -> busy time and idle fraction."""
+
+    def __init__(self) -> None:
+        self.prof: Any = None
+        self.result: dict[str, Any] = {}
+
+    def start(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        torch.cuda.synchronize()
+        self.prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+        self.prof.__enter__()
+
+    def stop(self, steps: int) -> None:
+        torch.cuda.synchronize()
+        self.prof.__exit__(None, None, None)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "trace.json")
+            self.prof.export_chrome_trace(path)
+            with open(path) as f:
+                events = json.load(f).get("traceEvents", [])
+        intervals = [
+            (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
+            for e in events
+            if e.get("ph") == "X" and str(e.get("cat", "")).lower() in ("kernel", "gpu_memcpy", "gpu_memset")
+        ]
+        if not intervals:
+            self.result = {"error": "the profiler recorded no GPU activity"}
+            return
+        span = max(e for _s, e in intervals) - min(s for s, _e in intervals)
+        busy = _union_us(intervals)
+        self.result = {
+            "gpu_busy_us_per_step": busy / steps,
+            "span_us_per_step": span / steps,
+            "gpu_idle_fraction": 1.0 - busy / span if span > 0 else 0.0,
+            "device_ops": len(intervals),
+        }
+
+
+# -- one measured run -----------------------------------------------------------------------------------------------------
+
+
+def _sync(device: torch.device, rt: srt.Runtime | None) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif rt is not None:
+        rt.synchronize()
+
+
+def run_once(
+    variant: str, cfg: Any, device: torch.device, *, warmup: int, steps: int, mode: str, backend: str, trace_path: Path | None = None
+) -> dict[str, Any]:
+    """One run of ``variant``: ``mode`` is ``"time"`` (timing + sync counting), ``"profile"`` or ``"trace"``."""
+    total = warmup + steps
+    cfg = dataclasses.replace(cfg, steps=total, warmup=min(cfg.warmup, max(warmup - 1, 1)))
+    out: dict[str, Any] = {}
+    counter = SyncCounter(device.type == "cuda")
+    prof = GpuProfile()
+    marks: dict[str, float] = {}
+    rt_holder: list[srt.Runtime] = []
+    region: list[Any] = []
+
+    def on_step(step: int) -> None:
+        rt = rt_holder[0] if rt_holder else None
+        if step == warmup - 1:
+            _sync(device, rt)
+            if mode == "time":
+                counter.start()
+                marks["t0"] = time.perf_counter()
+            elif mode == "profile":
+                prof.start()
+            elif mode == "trace" and rt is not None:
+                region.append(rt.trace(name=f"({variant}) {steps} steps"))
+                region[0].__enter__()
+        elif step == total - 1:
+            if mode == "time":
+                marks["host"] = time.perf_counter()
+                counter.stop()
+                _sync(device, rt)
+                marks["t1"] = time.perf_counter()
+            elif mode == "profile":
+                prof.stop(steps)
+            elif mode == "trace" and region:
+                region[0].__exit__(None, None, None)
+
+    rt = demo.open_runtime_for(device, None if backend == "auto" else backend)
+    rt_holder.append(rt)
+    try:
+        if variant == "a":
+            res = demo.run_plain(cfg, device, rt=rt if mode == "trace" else None, on_step=on_step)
+        else:
+            res = demo.run_streamrt(cfg, device, rt, graph=variant == "c", on_step=on_step)
+        if mode == "trace" and region and trace_path is not None:
+            trace = region[0].trace
+            trace.save_timeline(trace_path, title=f"train_loop variant ({variant}), {steps} steps")
+            rep = trace.report()
+            out["trace"] = {"path": str(trace_path), "records": len(trace.records), "report": str(rep)[:2000]}
+    finally:
+        rt.close()
+    out["losses"] = res.losses
+    if mode == "time":
+        out["step_ms"] = (marks["t1"] - marks["t0"]) * 1e3 / steps
+        out["host_enqueue_ms_per_step"] = (marks["host"] - marks["t0"]) * 1e3 / steps
+        out["torch_syncs_per_step"] = counter.torch_syncs / steps
+        out["streamrt_syncs_per_step"] = counter.streamrt_syncs / steps
+        out["host_syncs_per_step"] = (counter.torch_syncs + counter.streamrt_syncs) / steps
+        out["sync_kinds"] = counter.kinds
+        out["stats"] = res.stats
+    if mode == "profile":
+        out.update(prof.result)
+    return out
+
+
+# -- the sweep --------------------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--backend", default="auto", help="streamrt backend for (b)/(c) (default auto; sim with --device cpu)")
+    ap.add_argument("--sizes", default="s,m,l", help=f"model sizes, a subset of {','.join(SIZES)}")
+    ap.add_argument("--variants", default="a,b,c")
+    ap.add_argument("--warmup", type=int, default=15, help="steps before every measured window")
+    ap.add_argument("--steps", type=int, default=60, help="steps in the timing window")
+    ap.add_argument("--profile-steps", type=int, default=20, help="steps in the profiler window (0: no profile)")
+    ap.add_argument("--host-bound-idle", type=float, default=0.25, help="(a) is host-bound when its GPU idles at least this fraction")
+    ap.add_argument("--images", action="store_true", help="write docs/img/train-a.png and train-b.png (needs matplotlib)")
+    ap.add_argument("--image-dir", default=str(ROOT / "docs" / "img"))
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("torch has no CUDA device here; use --device cpu for a functional run on the simulator", file=sys.stderr)
+        return 2
+    backend = "sim" if device.type == "cpu" else args.backend
+    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if device.type != "cuda":
+        variants = [v for v in variants if v != "c"]
+    results: dict[str, Any] = {
+        "machine": {
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (simulator)",
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "python": platform.python_version(),
+            "streamrt_backend": backend,
+        },
+        "args": vars(args),
+        "sizes": {},
+    }
+    for size in sizes:
+        cfg = config(size, args.warmup + args.steps)
+        entry: dict[str, Any] = {"config": {k: getattr(cfg, k) for k in ("d_model", "n_layers", "n_heads", "seqs", "max_seqlen", "vocab", "token_budget")}}
+        for v in variants:
+            print(f"[{size}] ({v}) timing ...", flush=True)
+            entry[v] = run_once(v, cfg, device, warmup=args.warmup, steps=args.steps, mode="time", backend=backend)
+            if args.profile_steps and device.type == "cuda":
+                print(f"[{size}] ({v}) profiling ...", flush=True)
+                try:
+                    p = run_once(v, cfg, device, warmup=args.warmup, steps=args.profile_steps, mode="profile", backend=backend)
+                    entry[v]["profile"] = {k: p[k] for k in p if k != "losses"}
+                except Exception as exc:  # noqa: BLE001 - report and keep measuring
+                    entry[v]["profile"] = {"error": f"{type(exc).__name__}: {exc}"}
+        present = [entry[v] for v in variants]
+        rtol, atol = demo.tolerances(device)
+        res_objs = [demo.Result(v, entry[v]["losses"], 0.0) for v in variants]
+        entry["losses_agree"] = demo.compare(res_objs, rtol=rtol, atol=atol) == []
+        entry["loss_mismatches"] = demo.compare(res_objs, rtol=rtol, atol=atol)
+        if "a" in entry and "b" in entry:
+            entry["speedup_b_over_a"] = entry["a"]["step_ms"] / entry["b"]["step_ms"]
+            idle_a = entry["a"].get("profile", {}).get("gpu_idle_fraction")
+            entry["a_host_bound"] = idle_a is not None and idle_a >= args.host_bound_idle
+        if "a" in entry and "c" in entry:
+            entry["speedup_c_over_a"] = entry["a"]["step_ms"] / entry["c"]["step_ms"]
+        for r in present:
+            r["losses"] = [round(x, 6) for x in r["losses"]]
+        results["sizes"][size] = entry
+
+    headline = _headline(results["sizes"])
+    results["headline_size"] = headline
+    _print_table(results, variants)
+    if args.images and headline is not None:
+        img = Path(args.image_dir)
+        img.mkdir(parents=True, exist_ok=True)
+        cfg = config(headline, args.warmup + 6)
+        for v in ("a", "b"):
+            path = img / f"train-{v}.png"
+            print(f"[{headline}] ({v}) tracing -> {path}", flush=True)
+            t = run_once(v, cfg, device, warmup=args.warmup, steps=6, mode="trace", backend=backend, trace_path=path)
+            results.setdefault("images", {})[v] = t.get("trace")
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=2, default=str))
+        print(f"wrote {args.out}")
+    ok = all(e.get("losses_agree", True) for e in results["sizes"].values())
+    return 0 if ok else 1
+
+
+def _headline(sizes: dict[str, Any]) -> str | None:
+    """The largest size where (a) is host-bound (by its GPU idle fraction), else the one (b) speeds up most."""
+    bound = [s for s, e in sizes.items() if e.get("a_host_bound")]
+    if bound:
+        return bound[-1]
+    ranked = sorted((e.get("speedup_b_over_a", 0.0), s) for s, e in sizes.items())
+    return ranked[-1][1] if ranked else None
+
+
+def _fmt(x: Any, spec: str, width: int) -> str:
+    return f"{'-':>{width}}" if x is None else format(x, f">{width}{spec}")
+
+
+def _print_table(results: dict[str, Any], variants: list[str]) -> None:
+    print()
+    print(f"machine: {results['machine']}")
+    head = f"{'size':<5}{'var':<5}{'step ms':>9}{'host ms':>9}{'syncs/step':>11}{'GPU idle':>10}{'GPU busy ms':>12}{'vs (a)':>8}"
+    print(head)
+    print("-" * len(head))
+    for size, e in results["sizes"].items():
+        for v in variants:
+            r = e.get(v)
+            if r is None:
+                continue
+            prof = r.get("profile", {})
+            speed = e["a"]["step_ms"] / r["step_ms"] if "a" in e else None
+            busy = prof.get("gpu_busy_us_per_step")
+            print(
+                f"{size:<5}{'(' + v + ')':<5}{r['step_ms']:>9.3f}{r['host_enqueue_ms_per_step']:>9.3f}{r['host_syncs_per_step']:>11.2f}"
+                f"{_fmt(prof.get('gpu_idle_fraction'), '.1%', 10)}{_fmt(None if busy is None else busy / 1e3, '.3f', 12)}{_fmt(speed, '.2f', 7)}x"
+            )
+        flag = " (a) host-bound" if e.get("a_host_bound") else ""
+        print(f"      losses agree: {e['losses_agree']}{flag}")
+    if results.get("headline_size"):
+        print(f"headline size: {results['headline_size']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

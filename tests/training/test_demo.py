@@ -1,0 +1,73 @@
+"""demos/train_loop.py: the three variants train the same model to the same losses."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (make test installs torch==2.13.0, the CPU build)")
+
+DEMO = Path(__file__).resolve().parents[2] / "demos" / "train_loop.py"
+
+
+@pytest.fixture(scope="module")
+def demo() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("train_loop_demo", DEMO)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_reduced_cpu_variants_agree(demo: ModuleType) -> None:
+    """CI form: (a) plain torch and (b) streamrt on the simulator log the same loss at every step, and
+    (b)'s stream-async workspace metadata matches the numpy oracle at every checked step."""
+    cfg = demo.REDUCED
+    device = torch.device("cpu")
+    a = demo.run_plain(cfg, device)
+    with demo.open_runtime_for(device) as rt:
+        b = demo.run_streamrt(cfg, device, rt)
+    assert len(a.losses) == len(b.losses) == cfg.steps
+    assert all(math.isfinite(x) for x in a.losses)
+    assert demo.compare([a, b], rtol=1e-5, atol=1e-6) == []
+    assert b.verified_steps == list(range(0, cfg.steps, cfg.verify_every))
+    assert b.stats["prefetch"]["max_in_flight"] <= cfg.depth
+    assert b.stats["metrics"]["blocking_waits"] <= 1  # only the final flush may wait
+
+
+def test_compare_reports_a_difference(demo: ModuleType) -> None:
+    a = demo.Result("a", [1.0, 2.0, 3.0], 0.0)
+    b = demo.Result("b", [1.0, 2.5, 3.0], 0.0)
+    assert "step 1" in demo.compare([a, b], rtol=1e-5, atol=1e-6)[0]
+    assert "logged 2 losses" in demo.compare([a, demo.Result("c", [1.0, 2.0], 0.0)], rtol=1e-5, atol=1e-6)[0]
+
+
+def test_cli_reduced_cpu(demo: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    assert demo.main(["--device", "cpu", "--reduced", "--steps", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "(c) skipped" in out and "all variants agree" in out
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_full_variants_agree_on_gpu(demo: ModuleType) -> None:
+    """H200 form: the full model, (a), (b) and (c) (the captured step), same losses within tolerance."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs torch with CUDA")
+    cfg = demo.FULL
+    device = torch.device("cuda", 0)
+    results = [demo.run_plain(cfg, device)]
+    for graph in (False, True):
+        with demo.open_runtime_for(device) as rt:
+            results.append(demo.run_streamrt(cfg, device, rt, graph=graph))
+    rtol, atol = demo.tolerances(device)
+    assert demo.compare(results, rtol=rtol, atol=atol) == []
+    assert results[1].verified_steps and results[2].verified_steps
+    first, last = results[0].losses[:10], results[0].losses[-10:]
+    assert sum(last) / 10 < sum(first) / 10 - 0.5  # it learns

@@ -1,0 +1,89 @@
+"""MetricsLogger: every step's value, in step order, a few steps late, without ever blocking the loop."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import streamrt as srt
+
+torch = pytest.importorskip("torch", reason="torch is not installed (make test installs torch==2.13.0, the CPU build)")
+from training_helpers import no_blocking_calls, on_device
+
+import streamrt.torch as st
+
+
+def test_every_step_is_emitted_in_order_and_late(trt: srt.Runtime) -> None:
+    """Steps reach the sink in step order with their values, none before ``lag`` later steps were logged."""
+    emitted: list[tuple[int, Any, int]] = []
+    now = [0]
+    logger = st.MetricsLogger(trt, lag=2, sink=lambda step, value: emitted.append((step, value, now[0])))
+    for step in range(40):
+        now[0] = step
+        logger.log(step, on_device(trt, torch.tensor(step * 0.5)))
+    now[0] = 10**6  # flush
+    logger.flush()
+    assert [e[0] for e in emitted] == list(range(40))
+    assert [e[1] for e in emitted] == [s * 0.5 for s in range(40)]
+    assert all(at >= step + 2 for step, _v, at in emitted)
+    stats = logger.statistics()
+    assert (stats.logged, stats.emitted, stats.pending) == (40, 40, 0)
+    assert logger.records == [(s, s * 0.5) for s in range(40)]
+
+
+def test_log_never_blocks(trt: srt.Runtime, gate: Callable[[srt.Stream], Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the stream held up nothing lands: log keeps queueing (counting late steps) and never waits;
+    flush then emits everything in order."""
+    emitted: list[int] = []
+    logger = st.MetricsLogger(trt, lag=1, sink=lambda step, _v: emitted.append(step))
+    losses = [on_device(trt, torch.tensor(float(i))) for i in range(10)]
+    release = gate(st.current_stream(trt))
+    with no_blocking_calls(monkeypatch):
+        for step, loss in enumerate(losses):
+            logger.log(step, loss)
+    assert emitted == []
+    stats = logger.statistics()
+    assert stats.pending == 10 and stats.late >= 1 and stats.blocking_waits == 0
+    release.set()
+    logger.flush(timeout=30)
+    assert emitted == list(range(10))
+
+
+def test_lag_zero_emits_as_soon_as_landed(trt: srt.Runtime) -> None:
+    emitted: list[int] = []
+    logger = st.MetricsLogger(trt, lag=0, sink=lambda step, _v: emitted.append(step))
+    logger.log(0, on_device(trt, torch.tensor(1.0)))
+    fut_done = st.fetch(trt, on_device(trt, torch.tensor(0.0)))  # behind step 0's host function on the fetch stream
+    fut_done.result(timeout=30)
+    logger.poll()
+    assert emitted == [0]
+    assert logger.statistics().max_delay == 0
+
+
+def test_dicts_arrays_and_the_print_sink(trt: srt.Runtime, capsys: pytest.CaptureFixture[str]) -> None:
+    """A dict of tensors is one step; one-element tensors become Python scalars, others arrays;
+    sink=print prints one line per step."""
+    with st.MetricsLogger(trt, lag=0) as logger:
+        logger.log(3, {"loss": on_device(trt, torch.tensor(1.5)), "acc": torch.tensor(0.25)})
+        logger.log(4, {"loss": 2.0, "acc": on_device(trt, torch.tensor([1.0, 2.0]))})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "step 3: loss 1.5  acc 0.25"
+    assert out[1].startswith("step 4: loss 2  acc [1. 2.]")
+    step, value = logger.records[1]
+    assert step == 4 and isinstance(value["acc"], np.ndarray)
+
+
+def test_logger_arguments_and_close(trt: srt.Runtime) -> None:
+    with pytest.raises(ValueError, match="lag"):
+        st.MetricsLogger(trt, lag=-1)
+    with pytest.raises(TypeError, match="callable"):
+        st.MetricsLogger(trt, sink="stdout")  # type: ignore[arg-type]
+    logger = st.MetricsLogger(trt, sink=None)
+    logger.log(0, torch.tensor(1.0))
+    logger.close()
+    assert logger.pending == 0
+    with pytest.raises(ValueError, match="closed"):
+        logger.log(1, torch.tensor(1.0))

@@ -1,0 +1,193 @@
+"""Prefetcher: batches staged ahead on a side stream, in order, with back-pressure, handed over by events."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+import pytest
+
+import streamrt as srt
+
+torch = pytest.importorskip("torch", reason="torch is not installed (make test installs torch==2.13.0, the CPU build)")
+from training_helpers import wait_until
+
+import streamrt.torch as st
+
+
+class Pair(NamedTuple):
+    first: Any
+    second: Any
+
+
+def varlen_batches(n: int, seed: int = 0) -> Iterator[dict[str, Any]]:
+    """Packed varlen batches: a different number of sequences and tokens every time."""
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        lengths = rng.integers(0, 40, size=int(rng.integers(1, 6)))
+        cu = np.zeros(lengths.size + 1, dtype=np.int32)
+        np.cumsum(lengths, out=cu[1:])
+        tokens = torch.from_numpy(rng.integers(0, 1000, size=int(cu[-1])))
+        yield {
+            "tokens": tokens,
+            "cu_seqlens": torch.from_numpy(cu),
+            "weights": rng.random(int(cu[-1])).astype(np.float32),  # a numpy leaf
+            "pair": Pair(torch.full((2, 3), float(i), dtype=torch.bfloat16), [torch.tensor(i), "label"]),
+            "step": i,
+        }
+
+
+def _host(x: Any) -> np.ndarray:
+    return x.cpu().float().numpy() if x.dtype == torch.bfloat16 else x.cpu().numpy()
+
+
+def _in_device_memory(rt: srt.Runtime, t: torch.Tensor) -> bool:
+    if t.is_cuda:
+        return True
+    return t.numel() == 0 or rt.backend.pointer_kind(t.data_ptr()).value == "device"
+
+
+def test_batches_arrive_in_order_with_their_values(trt: srt.Runtime) -> None:
+    """Every leaf (tensors, numpy arrays, inside dicts, named tuples and lists; varlen cu_seqlens) arrives
+    on the device with the host's values and dtype, in the iterable's order; other leaves pass through."""
+    got = list(st.Prefetcher(varlen_batches(12), trt, depth=3))
+    want = list(varlen_batches(12))
+    assert [b["step"] for b in got] == list(range(12))
+    for g, w in zip(got, want):
+        for key in ("tokens", "cu_seqlens"):
+            assert g[key].dtype == w[key].dtype and _in_device_memory(trt, g[key])
+            assert np.array_equal(_host(g[key]), w[key].numpy())
+        assert g["weights"].dtype == torch.float32 and np.array_equal(_host(g["weights"]), w["weights"])
+        assert isinstance(g["pair"], Pair) and g["pair"].second[1] == "label"
+        assert g["pair"].first.dtype == torch.bfloat16
+        assert np.array_equal(_host(g["pair"].first), _host(w["pair"].first))
+        assert int(_host(g["pair"].second[0])) == g["step"]
+        cu = _host(g["cu_seqlens"])
+        assert cu[0] == 0 and cu[-1] == g["tokens"].numel()
+
+
+@pytest.mark.parametrize("depth", [1, 2, 4])
+def test_back_pressure_with_a_slow_consumer(trt: srt.Runtime, depth: int) -> None:
+    """Never more than ``depth`` batches taken from the iterable ahead of the consumer; order kept."""
+    pulled = [0]
+
+    def source() -> Iterator[torch.Tensor]:
+        for i in range(10):
+            pulled[0] += 1
+            yield torch.full((1000,), i, dtype=torch.int32)
+
+    pf = st.Prefetcher(source(), trt, depth=depth)
+    delivered = 0
+    ahead = []
+    for batch in pf:
+        delivered += 1
+        ahead.append(pulled[0] - delivered)
+        assert int(_host(batch)[0]) == delivered - 1
+        time.sleep(0.01)  # a slow step
+    assert delivered == 10
+    assert max(ahead) == depth
+    assert all(a <= depth for a in ahead)
+    stats = pf.statistics()
+    assert stats.max_in_flight == depth and stats.staged == stats.delivered == 10 and stats.in_flight == 0
+
+
+def test_staging_is_released_at_the_tail(trt: srt.Runtime, gate: Callable[[srt.Stream], Any]) -> None:
+    """Staging blocks are released when the copies are enqueued and stay in flight until the copy
+    stream has passed them; then the pinned allocator has them all back."""
+    alloc = trt.host_allocator
+    before = alloc.statistics()
+    copies = trt.create_stream()
+    release = gate(copies)
+    pf = st.Prefetcher((torch.ones(1 << 18) for _ in range(3)), trt, depth=2, stream=copies)
+    assert pf.prefetch() == 2
+    during = alloc.statistics()
+    assert during.in_use_bytes == before.in_use_bytes
+    assert during.in_flight_bytes >= before.in_flight_bytes + 2 * (1 << 20)
+    release.set()
+    copies.synchronize()
+    assert wait_until(lambda: alloc.statistics().in_flight_bytes == before.in_flight_bytes)
+    assert [float(_host(b).sum()) for b in pf] == [float(1 << 18)] * 3
+    assert alloc.statistics().in_use_bytes == before.in_use_bytes
+    pf.close()
+
+
+def test_simulator_device_blocks_come_back(sim_rt: srt.Runtime) -> None:
+    """On the simulator the batches' device blocks return to the device allocator once the batches are dropped."""
+    alloc = sim_rt.device_allocator
+    base = alloc.statistics().in_use_bytes
+    with st.Prefetcher(varlen_batches(6), sim_rt, depth=2) as pf:
+        kept = [next(pf) for _ in range(3)]
+        assert alloc.statistics().in_use_bytes > base
+    del kept
+    gc.collect()
+    sim_rt.releaser.drain()
+    assert alloc.statistics().in_use_bytes == base
+
+
+def test_hand_off_waits_for_the_copy(trt: srt.Runtime, gate: Callable[[srt.Stream], Any]) -> None:
+    """The consumer's stream waits for the batch's copy. On a GPU the host does not wait (work on the
+    consumer stream is held back instead); on the simulator, where torch computes on the host, the host
+    waits (counted in host_waits)."""
+    copies = trt.create_stream()
+    consumer = trt.create_stream()
+    release = gate(copies)
+    pf = st.Prefetcher((torch.full((64,), 5.0) for _ in range(2)), trt, depth=1, stream=copies, device_stream=consumer)
+    if trt.capabilities.is_simulated:
+        timer = threading.Timer(0.2, release.set)
+        timer.start()
+        t0 = time.perf_counter()
+        batch = next(pf)
+        assert time.perf_counter() - t0 >= 0.15
+        assert pf.statistics().host_waits == 1
+        assert np.array_equal(batch.numpy(), np.full(64, 5.0, dtype=np.float32))
+        timer.join()
+    else:
+        batch = next(pf)  # returns at once
+        out = trt.host_allocator.allocate(256)
+        consumer.copy(out, st.tensor_buffer(trt, batch))
+        time.sleep(0.05)
+        assert not consumer.is_idle
+        release.set()
+        consumer.synchronize()
+        assert np.array_equal(out.numpy(np.float32), np.full(64, 5.0, dtype=np.float32))
+        assert pf.statistics().host_waits == 0
+    pf.close()
+
+
+def test_iterable_errors_surface_after_the_staged_batches(trt: srt.Runtime) -> None:
+    def source() -> Iterator[torch.Tensor]:
+        yield torch.zeros(4)
+        yield torch.ones(4)
+        raise KeyError("bad sample")
+
+    pf = st.Prefetcher(source(), trt, depth=4)
+    assert float(_host(next(pf)).sum()) == 0.0
+    assert float(_host(next(pf)).sum()) == 4.0
+    with pytest.raises(KeyError, match="bad sample"):
+        next(pf)
+    with pytest.raises(StopIteration):
+        next(pf)
+
+
+def test_close_with_batches_in_flight(trt: srt.Runtime) -> None:
+    pf = st.Prefetcher(varlen_batches(8), trt, depth=3)
+    first = next(pf)
+    assert pf.in_flight == 3
+    pf.close()
+    pf.close()
+    with pytest.raises(StopIteration):
+        next(pf)
+    assert first["step"] == 0
+    trt.synchronize()
+
+
+def test_prefetcher_arguments(trt: srt.Runtime) -> None:
+    with pytest.raises(ValueError, match="depth"):
+        st.Prefetcher([], trt, depth=0)
+    with srt.open_runtime("sim") as other, pytest.raises(ValueError, match="this runtime"):
+        st.Prefetcher([], trt, stream=other.create_stream())
+    assert list(st.Prefetcher([], trt)) == []
