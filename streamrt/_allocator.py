@@ -84,8 +84,27 @@ def release_after_streams(runtime: Runtime, streams: frozenset[Stream] | set[Str
 
 def _after_device_sync(runtime: Runtime, then: Callable[[], None]) -> None:
     if not runtime.is_closed:
-        runtime.backend.device_synchronize()
+        backend = runtime.backend
+        if runtime._multi_device:  # normally the releaser thread; inline once the releaser has closed
+            backend.ensure_device(runtime.device)
+        backend.device_synchronize()
     then()
+
+
+def _on_device(
+    ensure_device: Callable[[int], None], device: int, malloc: Callable[[int], int], free: Callable[[int], None]
+) -> tuple[Callable[[int], int], Callable[[int], None]]:
+    """``malloc`` and ``free`` that first make ``device`` current on the calling thread."""
+
+    def malloc_on_device(nbytes: int) -> int:
+        ensure_device(device)
+        return malloc(nbytes)
+
+    def free_on_device(ptr: int) -> None:
+        ensure_device(device)
+        free(ptr)
+
+    return malloc_on_device, free_on_device
 
 
 class RawAllocator:
@@ -94,6 +113,11 @@ class RawAllocator:
     Use it to debug memory problems (like ``PYTORCH_NO_CUDA_MEMORY_CACHING``);
     the default allocators cache. Frees wait for the streams that used the
     buffer and run on the runtime's releaser thread.
+
+    On a backend with several devices each ``malloc`` and ``free`` first makes
+    the runtime's device current on the calling thread (it is not restored),
+    so memory is obtained on the runtime's device whatever device the caller
+    made current; with one device the backend's calls are used as they are.
     """
 
     def __init__(self, runtime: Runtime, kind: BufferKind) -> None:
@@ -102,8 +126,12 @@ class RawAllocator:
         self.kind = kind
         self._runtime = runtime
         backend = runtime.backend
-        self._malloc = backend.host_malloc if kind == HOST else backend.malloc
-        self._free = backend.host_free if kind == HOST else backend.free
+        malloc: Callable[[int], int] = backend.host_malloc if kind == HOST else backend.malloc
+        free: Callable[[int], None] = backend.host_free if kind == HOST else backend.free
+        if runtime._multi_device:
+            malloc, free = _on_device(backend.ensure_device, runtime.device, malloc, free)
+        self._malloc = malloc
+        self._free = free
         self._lock = threading.Lock()
         self._in_use = 0
         self._in_flight = 0

@@ -16,7 +16,8 @@ traces, e.g. one per strategy, go side by side in one file):
 Device ops are complete events (``ph: "X"``, ``ts``/``dur`` in µs); zero-length
 markers (event records) are instant events (``ph: "i"``). ``args`` carry
 ``seq`` (the same number on the device and the host side of one op), kind,
-bytes, labels. Values measured in real time are in ``args`` keys starting with
+bytes, labels (``pipeline``, ``node``) and the op's own name (``op_name``: a
+kernel's name, also under a node label). Values measured in real time are in ``args`` keys starting with
 ``wall_`` and only on host events; everything else on the simulator comes from
 its virtual clock, so the same program gives byte-identical JSON apart from
 those keys. Events are written one per line, sorted, with stable key order.
@@ -80,6 +81,8 @@ def _device_args(r: TraceRecord) -> dict[str, Any]:
         args["pipeline"] = r.pipeline
     if r.node:
         args["node"] = r.node
+    if r.op_name:
+        args["op_name"] = r.op_name
     if r.event is not None:
         args["event"] = r.event
     if r.waits_for is not None:

@@ -52,7 +52,11 @@ class TraceRecord:
         category: see :data:`CATEGORY`.
         stream: the stream's label (its name, or ``"stream N"`` for unnamed streams).
         nbytes: bytes moved or set (0 where it does not apply).
-        pipeline, node: labels in effect when it was enqueued (see :func:`label`).
+        pipeline, node: labels in effect when it was enqueued (see :func:`label`); without a
+            node label, ``node`` is the op's own name (a kernel's), if it has one.
+        op_name: the op's own name, kept whatever the labels: a kernel's name (a kernel node
+            of a pipeline keeps both its node label in ``node`` and the kernel's name here),
+            a ``trace_torch`` span's name; ``None`` for ops without one.
         thread: name of the enqueuing thread.
         enqueue_us, enqueue_end_us: the enqueue call, on the host.
         device_start_us, device_end_us: when the device ran it (``None``: unknown, e.g. captured).
@@ -77,6 +81,7 @@ class TraceRecord:
     nbytes: int = 0
     pipeline: str | None = None
     node: str | None = None
+    op_name: str | None = None
     thread: str = ""
     enqueue_us: float | None = None
     enqueue_end_us: float | None = None
@@ -99,8 +104,8 @@ class TraceRecord:
 
     @property
     def name(self) -> str:
-        """What to call it in a timeline: the node label, else the kind."""
-        return self.node or self.kind
+        """What to call it in a timeline: the node label, else the op's own name, else the kind."""
+        return self.node or self.op_name or self.kind
 
     @property
     def device_us(self) -> float | None:

@@ -10,6 +10,12 @@ matching each traced call to the ops it enqueued by thread, stream and the
 thread's virtual host clock, and adds the ops nobody traced (pipeline
 internals, graph nodes, the runtime's own markers) as untraced records.
 
+Several devices: a tracer belongs to one runtime, so to one device. On a
+backend with several devices its timing events and calibration stream are
+made, and :meth:`Tracer.finish` synchronizes, with the runtime's device
+current on the calling thread; on a simulator shared by several devices only
+the op log's ops of the runtime's device (``OpRecord.device``) become records.
+
 Labels: :func:`label` sets the ``(pipeline, node)`` names the tracer attaches
 to the ops enqueued in its block.
 
@@ -74,6 +80,7 @@ _SIM_KIND = {
     "copy_d2h": "device_to_host",
     "copy_d2d": "device_to_device",
     "copy_h2h": "host_to_host",
+    "copy_peer": "device_to_device",
     "kernel": "kernel",
     "host_func": "host_native",
     "event_record": "record",
@@ -82,20 +89,27 @@ _SIM_KIND = {
     "free_async": "free_async",
     "graph_launch": "graph_launch",
 }
-_SIM_WORK = frozenset({"memset", "copy_h2d", "copy_d2h", "copy_d2d", "copy_h2h", "kernel", "host_func"})
+_SIM_WORK = frozenset({"memset", "copy_h2d", "copy_d2h", "copy_d2d", "copy_h2h", "copy_peer", "kernel", "host_func"})
 
 
 # -- device clocks ------------------------------------------------------------------------------------
 
 
 class _EventClock:
-    """Device times from pairs of timing events around each op; host times from ``perf_counter``."""
+    """Device times from pairs of timing events around each op; host times from ``perf_counter``.
+
+    ``device``: the runtime's device when the backend has several (``None``
+    with one): new events and the calibration stream are then made with it
+    current on the calling thread, since an event is recorded only on streams
+    of the device current at its creation.
+    """
 
     clock = "events"
 
-    def __init__(self, backend: Any, t0_ns: int) -> None:
+    def __init__(self, backend: Any, t0_ns: int, device: int | None = None) -> None:
         self._backend = backend
         self._t0 = t0_ns
+        self._device = device
         self._pool: list[int] = []
         self._all: list[int] = []
         self._lock = threading.Lock()
@@ -105,6 +119,8 @@ class _EventClock:
         with self._lock:
             if self._pool:
                 return self._pool.pop()
+        if self._device is not None:
+            self._backend.ensure_device(self._device)
         ev = self._backend.event_create(timing=True, blocking_sync=True)
         with self._lock:
             self._all.append(ev)
@@ -117,6 +133,8 @@ class _EventClock:
         its synchronize; of five tries the narrowest window's midpoint is used.
         """
         backend = self._backend
+        if self._device is not None:
+            backend.ensure_device(self._device)
         stream = backend.stream_create(0)
         try:
             best: tuple[int, int, int] | None = None
@@ -217,6 +235,7 @@ class _Pending:
         "wres",
         "error",
         "node_names",
+        "op_name",
     )
 
     def __init__(self, seq: int, kind: str, stream: str, handle: int, nbytes: int) -> None:
@@ -239,6 +258,7 @@ class _Pending:
         self.wres: int | None = None
         self.error: str | None = None
         self.node_names: Sequence[str] | None = None
+        self.op_name: str | None = None
 
 
 class _PendingBlock:
@@ -283,7 +303,11 @@ class Tracer:
         self._backend = runtime.backend
         self._t0 = time.perf_counter_ns()
         self._virtual = clock == "auto" and _has_virtual_clock(runtime)
-        self._clock: Any = _VirtualClock(self._backend) if self._virtual else _EventClock(self._backend, self._t0)
+        # several devices on the backend: this runtime's device is made current where it matters
+        self._device: int | None = runtime.device if runtime._multi_device else None
+        self._clock: Any = (
+            _VirtualClock(self._backend) if self._virtual else _EventClock(self._backend, self._t0, self._device)
+        )
         self._seq = itertools.count()
         self._ops: list[_Pending] = []
         self._blocks: list[_PendingBlock] = []
@@ -349,8 +373,9 @@ class Tracer:
 
         ``event`` (the Event, or its handle, recorded or waited on) is found in
         ``enqueue``'s closure when not given. ``pipeline``/``node`` label the op
-        (overriding :func:`label`); ``name`` names it when no node label is set
-        (a kernel's name); ``node_names`` names a graph's nodes by index (for
+        (overriding :func:`label`); ``name`` is the op's own name (a kernel's
+        name): always kept as the record's ``op_name``, and its ``node`` too when
+        no node label is set; ``node_names`` names a graph's nodes by index (for
         ``kind="graph_launch"``). If ``enqueue`` raises, nothing is recorded and
         the exception propagates.
         """
@@ -359,8 +384,10 @@ class Tracer:
             p.pipeline = pipeline
         if node is not None:
             p.node = node
-        if name and p.node is None:
-            p.node = name
+        if name:
+            p.op_name = name
+            if p.node is None:
+                p.node = name
         if node_names is not None:
             p.node_names = tuple(node_names)
         if kind == "record" or kind == "wait_event":
@@ -466,6 +493,8 @@ class Tracer:
         self._finished = True
         backend = self._backend
         try:
+            if self._device is not None:  # device_synchronize acts on the calling thread's current device
+                backend.ensure_device(self._device)
             backend.device_synchronize()
         except Exception as exc:  # a device error must not lose the trace; times of failed work are unknown
             warnings.warn(f"tracing: device_synchronize failed at the end of the trace ({exc!r})", RuntimeWarning, stacklevel=3)
@@ -493,6 +522,7 @@ class Tracer:
             nbytes=p.nbytes,
             pipeline=p.pipeline,
             node=p.node,
+            op_name=p.op_name,
             thread=p.thread,
             enqueue_us=p.v0,
             enqueue_end_us=p.v1,
@@ -554,11 +584,17 @@ class Tracer:
     def _resolve_virtual(self, notes: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Match each traced call to the simulator ops it enqueued: same thread and stream,
         enqueued (virtual host time) inside the call. Ops of the log that no traced call
-        claims become untraced records. Everything is ordered by the simulator's enqueue order."""
+        claims become untraced records. Everything is ordered by the simulator's enqueue order.
+        On a simulator with several devices only the ops of the runtime's device are read."""
         backend = self._backend
         log = [r for r in getattr(backend, "op_log")() if r.seq > self._log_start]
         if self._log_start and (not log or log[0].seq != self._log_start + 1) and self._ops:
             notes.append("the simulator's op log was full: early ops of the trace are missing (raise op_log_limit)")
+        elsewhere: set[int] = set()  # ops of the log that other devices ran
+        device = self._device
+        if device is not None:
+            elsewhere = {r.seq for r in log if r.device != device}
+            log = [r for r in log if r.device == device]
         by_key: dict[tuple[str, int], list[Any]] = {}
         for r in log:
             by_key.setdefault((r.thread, r.stream), []).append(r)
@@ -620,6 +656,8 @@ class Tracer:
                 sims = [int(m) for desc in h.ops for m in re.findall(r"#(\d+)", desc)]
                 if sims and max(sims) <= self._log_start:
                     continue  # found before this trace began
+                if sims and elsewhere.issuperset(sims):
+                    continue  # only ops of other devices are involved: their runtimes' traces report it
                 hazards.append({"kind": h.kind, "message": h.message, "_sims": sims})
         return out, hazards
 
@@ -637,6 +675,7 @@ class Tracer:
             stream=stream,
             nbytes=r.nbytes,
             node=node,
+            op_name=r.name or None,
             thread=r.thread,
             enqueue_us=r.enqueue_us,
             enqueue_end_us=r.enqueue_us,

@@ -6,7 +6,10 @@ argument (:meth:`Kernel.bind`, the kernel spec's ``check``) before anything is
 enqueued, packs the arguments into a ``void*[]`` kept alive until the backend
 call has returned (the drivers copy the values at launch), enqueues through the
 backend (traced as a ``"kernel"`` op when tracing), and notes the stream on
-every Buffer argument so their release waits for the kernel.
+every Buffer argument so their release waits for the kernel. On a runtime whose
+backend has several devices it first makes the stream's device current on the
+calling thread (HIP and CUDA launch on the current device, and the kernel's
+module belongs to it); it is not restored. With one device nothing is added.
 
 :class:`KernelNode` is a pipeline node made by :func:`add_kernel_node`
 (``Pipeline.kernel``): its arguments are checked when the node is made, its
@@ -78,10 +81,12 @@ def launch_prepared(stream: Stream, grid: tuple[int, int, int], block: tuple[int
     packed = bound.pack()  # referenced by `bound` until this returns; the backend copies the values at launch
     address = packed.address
     backend = stream._backend
-    backend.ensure_device(stream._runtime.device)  # the module belongs to the runtime's device context
+    rt = stream._runtime
+    if rt._multi_device:  # the module was loaded on the runtime's device: launch with that device current
+        backend.ensure_device(rt._device)
     function = kernel.function
     handle = stream._handle
-    tracer = stream._runtime._tracer
+    tracer = rt._tracer
     if tracer is None:
         backend.launch_kernel(function, g, b, smem, handle, address)
     else:
@@ -128,7 +133,9 @@ class KernelNode(Node):
 
     def _enqueue(self, stream: Stream, ctx: EnqueueContext) -> None:
         packed = self._bound.pack()
-        stream._backend.ensure_device(stream._runtime.device)
+        rt = stream._runtime
+        if rt._multi_device:  # also when captured, or launched from a thread with another device current
+            stream._backend.ensure_device(rt._device)
         stream._backend.launch_kernel(self.kernel.function, self.grid, self.block, self.shared_mem, stream._handle, packed.address)
         for b in self.buffers():
             b.note_stream(stream)
