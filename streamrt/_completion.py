@@ -24,7 +24,11 @@ resolved Completions:
   same way. Each Python host call is followed by a guard event on its lane;
   when that wait fails before the worker ran the call, the call is abandoned
   and its Completion gets the error, so no waiter hangs on a host function the
-  failed stream will never reach.
+  failed stream will never reach. If a driver's wait hangs on a failed context
+  instead of raising, the engine's watchdog thread (:mod:`streamrt._watchdog`)
+  queries the lane's stuck event after a while; when the query raises, every
+  waiter of that lane (host calls included) gets that error and the blocked
+  lane thread is abandoned.
 * **Shutdown.** :meth:`CompletionEngine.close` drains deterministically and
   joins its threads. All threads are daemons and an ``atexit`` hook closes
   every live engine with a timeout, so interpreter exit with work in flight
@@ -34,7 +38,9 @@ Thread rules: ``CompletionEngine`` methods may be called from any thread
 except :meth:`~CompletionEngine.drain` and :meth:`~CompletionEngine.close`,
 which must not be called from the engine's own threads (they would wait for
 themselves; they raise ``RuntimeError``). Callbacks given to the engine run on
-lane or worker threads and must be short and must not block on GPU work.
+lane or worker threads (or the watchdog thread, or at once on the pushing
+thread for work watched on a lane the watchdog failed) and must be short and
+must not block on GPU work.
 """
 
 from __future__ import annotations
@@ -48,12 +54,14 @@ import threading
 import time
 import warnings
 import weakref
+from time import perf_counter_ns as _perf_counter_ns
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._errors import CaptureError, ClosedError
 from ._hostcall import HostChannel, HostRequest, HostSlot, switch_interval_guard
+from ._watchdog import Watchdog
 
 if TYPE_CHECKING:
     from ._backends.protocol import Backend
@@ -125,9 +133,10 @@ class Completion:
     * ``await completion`` suspends the task without blocking the loop and
       returns :meth:`result`; it works under asyncio and uvloop, from any
       number of loops and tasks at once.
-    * **Cancellation** of an awaiting task cancels only that wait: the GPU
-      work goes on, and keepalives (buffers, callables) held for the work are
-      released only after the work has completed, whatever the awaiters do.
+    * **Cancellation** of an awaiting task cancels only that wait (it is
+      unregistered from the Completion): the GPU work goes on, and keepalives
+      (buffers, callables) held for the work are released only after the work
+      has completed, whatever the awaiters do.
     * Callbacks added with :meth:`add_done_callback` run on the resolving
       runtime thread (or at once, on the caller's thread, if already done).
 
@@ -144,12 +153,14 @@ class Completion:
         "_exc",
         "_log_unretrieved",
         "_notifier",
+        "_resolved_ns",
         "_value",
         "_waiters",
     )
 
     def __init__(self) -> None:
         self._done = False
+        self._resolved_ns = 0  # time.perf_counter_ns() at resolution (the tracer reads it)
         self._value: Any = None
         self._exc: BaseException | None = None
         self._callbacks: list[Callable[[Completion], None]] | None = None
@@ -225,9 +236,30 @@ class Completion:
                     self._waiters.append((loop, fut))
                     registered = True
             if registered:
-                # Cancelling the task cancels `fut` only; the resolution skips it.
-                yield from fut
+                try:
+                    yield from fut
+                except asyncio.CancelledError:
+                    # The task was cancelled before resolution: only this wait ends; unregister
+                    # it so the resolution does not try to wake it (its loop may be closed by
+                    # then). Thrown in by the loop, so never while this thread holds
+                    # _state_lock. Not GeneratorExit: the garbage collector closes abandoned
+                    # awaits at any allocation, possibly inside a _state_lock section.
+                    self._forget_waiter(fut)
+                    raise
         return self.result()
+
+    def _forget_waiter(self, fut: asyncio.Future[None]) -> None:
+        """Unregister the loop future of an await that ended before resolution (no-op if resolved)."""
+        with _state_lock:
+            waiters = self._waiters
+            if waiters is None:
+                return
+            for i, (_loop, registered) in enumerate(waiters):
+                if registered is fut:
+                    del waiters[i]
+                    break
+            if not waiters:
+                self._waiters = None
 
     # -- resolving (runtime side) -------------------------------------------------
     def _set_result(self, value: Any) -> bool:
@@ -246,6 +278,7 @@ class Completion:
             self._value = value
             self._exc = exc
             self._done = True
+            self._resolved_ns = _perf_counter_ns()
             callbacks, self._callbacks = self._callbacks, None
             waiters, self._waiters = self._waiters, None
             event = self._event
@@ -318,6 +351,10 @@ class CompletionStatistics:
         loop_closed_warned: a completion arrived for an already closed event
             loop (the one warning was issued).
         closed: the engine is closed.
+        watchdog_wakeups: timed wake-ups of the watchdog thread (it has none
+            while nothing is queued).
+        watchdog_failed_lanes: lanes the watchdog failed (a wait that made no
+            progress while ``event_query`` raised).
     """
 
     pending: int
@@ -335,6 +372,8 @@ class CompletionStatistics:
     switch_interval_lowered: bool
     loop_closed_warned: bool
     closed: bool
+    watchdog_wakeups: int = 0
+    watchdog_failed_lanes: int = 0
 
 
 class _Entry:
@@ -369,6 +408,16 @@ class _Lane:
     the queue and blocks on ``_wake``, a plain lock kept acquired, which a
     producer that sees ``_sleeping`` releases. ``_cond`` is only for
     :meth:`wait_idle` (drain), notified when drainers exist.
+
+    Failed lanes. Entries leave the queue only under ``_take`` (the lane
+    thread holds it, once per batch, to pop what it retires; never while it
+    waits). The watchdog (:mod:`streamrt._watchdog`) may mark the lane
+    *failed* with :meth:`fail_stuck` when its head's wait hangs on a failed
+    context: it sets ``dead`` and pops and fails every queued entry under
+    ``_take``, so an entry is resolved exactly once, by whoever popped it.
+    The lane thread, should its wait ever return, finds ``dead`` set and
+    resolves nothing; it then only sleeps until stopped. Entries pushed onto a
+    failed lane are failed at once, on the pushing thread, with the same error.
     """
 
     def __init__(self, engine: CompletionEngine, key: int) -> None:
@@ -377,11 +426,16 @@ class _Lane:
         self._queue: collections.deque[_Entry] = collections.deque()
         self._wake = threading.Lock()
         self._wake.acquire()
+        # Held to pop entries (lane thread per batch; fail_stuck). Re-entrant, as is _cond: a
+        # garbage-collector finalizer (a Buffer's release) may push onto a failed lane from
+        # inside a section that holds them, and that push takes both.
+        self._take = threading.RLock()
+        self.dead: BaseException | None = None  # set by fail_stuck: the lane's waits are abandoned
         self._sleeping = False
         self._stopping = False
         self._exited = False
         self._busy = 0  # entries popped and not yet retired (lane thread only)
-        self._cond = threading.Condition(threading.Lock())
+        self._cond = threading.Condition(threading.RLock())
         self._drainers = 0
         self.retired = 0
         self.failed = 0
@@ -399,6 +453,9 @@ class _Lane:
         if self._stopping:
             raise ClosedError("this completion lane was released")
         self._queue.append(entry)
+        if self.dead is not None:  # checked after the append: fail_stuck sets it before popping
+            self._fail_queued()
+            return
         if self._exited:  # lost a race with the lane's exit: take the entry back
             try:
                 self._queue.remove(entry)
@@ -408,6 +465,9 @@ class _Lane:
                 raise ClosedError("this completion lane was released")
         if self._sleeping:
             self._signal()
+        watchdog = self._engine._watchdog
+        if watchdog is not None and watchdog.idle:
+            watchdog.kick()
 
     def _signal(self) -> None:
         self._sleeping = False
@@ -427,6 +487,56 @@ class _Lane:
     def stop(self) -> None:
         self._stopping = True
         self._signal()
+
+    def head(self) -> _Entry | None:
+        """The oldest entry not yet taken for retirement (``None`` if none, or the lane failed)."""
+        if self.dead is not None:
+            return None
+        try:
+            return self._queue[0]
+        except IndexError:
+            return None
+
+    def fail_stuck(self, head: _Entry, error: BaseException) -> int | None:
+        """Mark the lane failed with ``error`` and fail every queued entry; for the watchdog.
+
+        Acts only if ``head`` is still the oldest queued entry (so a lane that
+        made progress meanwhile is left alone) and the lane is not failed yet.
+        Returns how many entries it failed, or ``None`` if it did not act.
+        The lane thread may stay blocked in its wait for ``head``: it is
+        abandoned (a daemon); if the wait ever returns, it resolves nothing.
+        """
+        if not self._take.acquire(timeout=1.0):  # the lane thread is retiring: it is not stuck
+            return None
+        try:
+            if self.dead is not None:
+                return None
+            queue = self._queue
+            try:
+                if queue[0] is not head:
+                    return None
+            except IndexError:
+                return None
+            self.dead = error
+            entries = _pop_all(queue)
+        finally:
+            self._take.release()
+        self._engine._fail_entries(entries, error)
+        self._notify_drainers()
+        return len(entries)
+
+    def _fail_queued(self) -> None:
+        """On a pushing thread: the lane failed; fail what is queued (at least the new entry)."""
+        with self._take:
+            entries = _pop_all(self._queue)
+        if entries:
+            assert self.dead is not None
+            self._engine._fail_entries(entries, self.dead)
+        self._notify_drainers()
+
+    def _notify_drainers(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
     def _main(self) -> None:
         try:
@@ -448,47 +558,54 @@ class _Lane:
         query = backend.event_query
         queue = self._queue
         wake = self._wake
+        take = self._take
         while True:
-            if not queue:
+            if not queue or self.dead is not None:  # a failed lane has nothing left to wait for
                 if self._stopping:
                     self._exited = True
-                    if not queue:
+                    if not queue or self.dead is not None:
                         return
                     self._exited = False
                     continue
                 self._sleeping = True
-                if not queue and not self._stopping:
+                if (not queue or self.dead is not None) and not self._stopping:
                     wake.acquire()  # GIL released while blocked
                 self._sleeping = False
                 continue
-            head = queue[0]
+            try:
+                head = queue[0]
+            except IndexError:  # failed and emptied by the watchdog meanwhile
+                continue
             error: BaseException | None = setup_error
             if error is None:
                 try:
                     synchronize(head.event)
                 except BaseException as exc:  # noqa: BLE001 - a sticky error resolves the waiter
                     error = exc
-            self._busy = 1
-            try:
-                if queue[0] is not head:  # taken by a forced close meanwhile
+            with take:
+                if self.dead is not None:  # the watchdog failed this lane's work meanwhile
+                    continue
+                self._busy = 1
+                try:
+                    if queue[0] is not head:  # taken by a forced close meanwhile
+                        self._busy = 0
+                        continue
+                    queue.popleft()
+                except IndexError:
                     self._busy = 0
                     continue
-                queue.popleft()
-            except IndexError:
-                self._busy = 0
-                continue
-            batch = [head]
-            if error is None:
-                while queue:
-                    nxt = queue[0]
-                    try:
-                        if not query(nxt.event):
+                batch = [head]
+                if error is None:
+                    while queue:
+                        nxt = queue[0]
+                        try:
+                            if not query(nxt.event):
+                                break
+                        except BaseException:  # noqa: BLE001 - the blocking wait reports it next
                             break
-                    except BaseException:  # noqa: BLE001 - the blocking wait reports it next
-                        break
-                    self._busy += 1
-                    queue.popleft()
-                    batch.append(nxt)
+                        self._busy += 1
+                        queue.popleft()
+                        batch.append(nxt)
             self._retire(batch, error)
 
     def _retire(self, batch: list[_Entry], error: BaseException | None) -> None:
@@ -536,6 +653,16 @@ class _Lane:
                 self._cond.notify_all()
 
 
+def _pop_all(queue: collections.deque[_Entry]) -> list[_Entry]:
+    """Pop every entry (one atomic ``popleft`` at a time: producers may append meanwhile)."""
+    entries = []
+    while True:
+        try:
+            entries.append(queue.popleft())
+        except IndexError:
+            return entries
+
+
 _live_engines: weakref.WeakSet[CompletionEngine] = weakref.WeakSet()
 
 
@@ -559,6 +686,10 @@ class CompletionEngine:
         max_pooled_events: idle events kept for reuse; more are destroyed.
         exit_timeout: how long the ``atexit`` hook waits for in-flight work
             before giving up on it (default ``$STREAMRT_EXIT_TIMEOUT`` or 5 s).
+        watchdog_interval: seconds between the watchdog's checks while work is
+            queued (see :mod:`streamrt._watchdog`); ``None`` runs no watchdog.
+        watchdog_threshold: a lane's oldest entry must have been waited for
+            this long before the watchdog queries its event.
     """
 
     def __init__(
@@ -569,9 +700,15 @@ class CompletionEngine:
         python_host_switch_interval: float | None = 5e-5,
         max_pooled_events: int = 1024,
         exit_timeout: float | None = None,
+        watchdog_interval: float | None = 0.5,
+        watchdog_threshold: float = 1.0,
     ) -> None:
         if python_host_switch_interval is not None and not python_host_switch_interval > 0:
             raise ValueError(f"python_host_switch_interval must be > 0 or None, got {python_host_switch_interval!r}")
+        if watchdog_interval is not None and not watchdog_interval > 0:
+            raise ValueError(f"watchdog_interval must be > 0 or None, got {watchdog_interval!r}")
+        if not watchdog_threshold >= 0:
+            raise ValueError(f"watchdog_threshold must be >= 0, got {watchdog_threshold!r}")
         self._backend = backend
         self._device = device
         self._switch_interval = python_host_switch_interval
@@ -590,6 +727,9 @@ class CompletionEngine:
         self._retired_gone = [0, 0, 0]  # retired, failed, batches of released lanes
         self._max_batch_gone = 0
         self._notifier = _LoopNotifier()
+        self._watchdog_interval = watchdog_interval
+        self._watchdog_threshold = watchdog_threshold
+        self._watchdog: Watchdog | None = None  # started with the first lane
         self._closing = False
         self._closed = False
         _live_engines.add(self)
@@ -603,11 +743,56 @@ class CompletionEngine:
             self._check_open()
             lane = self._lanes.get(key)
             if lane is None:
+                if self._watchdog is None and self._watchdog_interval is not None:
+                    watchdog = Watchdog(self, self._watchdog_interval, self._watchdog_threshold)
+                    self._register_thread(watchdog.thread)
+                    watchdog.thread.start()
+                    self._watchdog = watchdog
                 lane = _Lane(self, key)
                 self._register_thread(lane.thread)
                 lane.thread.start()
                 self._lanes[key] = lane
         return lane
+
+    def _all_lanes(self) -> list[_Lane]:
+        """Every lane that may hold work: live ones and those of forgotten streams."""
+        with self._lock:
+            return [*self._lanes.values(), *self._retiring]
+
+    def _fail_entries(self, entries: list[_Entry], error: BaseException) -> None:
+        """Resolve entries taken from a failed lane with ``error`` (watchdog or pushing thread).
+
+        Like a failed wait on the lane: keepalives dropped, callbacks called
+        with the error, Completions resolved, host calls that did not run
+        abandoned. Their events are leaked, not pooled or destroyed: a lane
+        thread may still be blocked in the driver on one of them.
+        """
+        posts: PostBatch = {}
+        for entry in entries:
+            entry.keepalive = None
+            callback, entry.callback = entry.callback, None
+            if callback is not None:
+                try:
+                    callback(error)
+                except Exception:  # noqa: BLE001
+                    _log.exception("exception in completion-engine callback %r", callback)
+            completion, entry.completion = entry.completion, None
+            if completion is not None:
+                completion._resolve(None, error, posts)
+            request, entry.request = entry.request, None
+            if request is not None and entry.channel is not None:
+                try:
+                    entry.channel.retire(request, error, posts)
+                except Exception:  # noqa: BLE001
+                    _log.exception("could not abandon a Python host call of a failed lane")
+        for loop, futures in posts.items():
+            try:
+                self._notifier.post(loop, futures)
+            except Exception:  # noqa: BLE001
+                _log.exception("could not wake an event loop")
+        with self._lock:
+            self._retired_gone[0] += len(entries)
+            self._retired_gone[1] += len(entries)
 
     def _register_thread(self, thread: threading.Thread) -> None:
         """Mark ``thread`` (before it starts) as one of this engine's own."""
@@ -896,11 +1081,24 @@ class CompletionEngine:
                 _abandon_lane(lane)
             lane.stop()
         for lane in retiring:
-            lane.thread.join(join_timeout)  # it stops its own channel on the way out
+            lane.thread.join(_lane_join_timeout(lane, join_timeout))  # it stops its own channel on the way out
+            if lane.thread.is_alive() and lane.dead is not None:
+                # Failed by the watchdog and still blocked in the driver: never exits by itself.
+                channel, lane.channel = lane.channel, None
+                if channel is not None:
+                    channel.stop(forced=True, join_timeout=join_timeout)
+                with self._lock:
+                    if lane in self._retiring:
+                        self._retiring.discard(lane)
+                        self._absorb_lane_stats_locked(lane)
         for lane in lanes:
-            lane.thread.join(join_timeout)
+            lane.thread.join(_lane_join_timeout(lane, join_timeout))
             with self._lock:
                 self._absorb_lane_stats_locked(lane)
+        watchdog = self._watchdog
+        if watchdog is not None:
+            watchdog.stop()
+            watchdog.thread.join(join_timeout)
         for worker in [*channels, *slots]:
             worker.stop(forced=forced, join_timeout=join_timeout)
             if isinstance(worker, HostSlot):
@@ -948,11 +1146,20 @@ class CompletionEngine:
             switch_interval_lowered=self._holds_guard and switch_interval_guard.is_lowered,
             loop_closed_warned=self._notifier.warned,
             closed=self._closing,
+            watchdog_wakeups=0 if self._watchdog is None else self._watchdog.wakeups,
+            watchdog_failed_lanes=0 if self._watchdog is None else self._watchdog.failed_lanes,
         )
 
     def __repr__(self) -> str:
         state = "closed" if self._closing else "open"
         return f"<CompletionEngine {getattr(self._backend, 'name', '?')}:{self._device} {state}>"
+
+
+def _lane_join_timeout(lane: _Lane, join_timeout: float | None) -> float | None:
+    """How long close() joins a stopped lane: briefly if it was failed (its thread may never return)."""
+    if lane.dead is not None:
+        return 0.1 if join_timeout is None else min(join_timeout, 0.1)
+    return join_timeout
 
 
 def _busy(waitable: Any) -> bool:

@@ -196,9 +196,10 @@ class _Worker:
                 return
             req.finished = True
             self._in_flight -= 1
+            # Before waking drainers: once drain() returns, the switch interval is restored.
+            self._engine._python_call_finished()
             if self._in_flight == 0:
                 self._cond.notify_all()
-        self._engine._python_call_finished()
 
     def abandon(self, req: HostRequest, exc: BaseException) -> None:
         """The stream failed before ``req`` ran: resolve it with ``exc``, never run it."""

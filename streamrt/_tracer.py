@@ -459,13 +459,10 @@ class Tracer:
         traced.__wrapped__ = fn  # type: ignore[attr-defined]
         completion = self._enqueue(p, stream.handle, lambda: host_call(stream.handle, traced, args))
 
-        def resolved(_c: Completion) -> None:
-            p.wres = time.perf_counter_ns()
+        def resolved(c: Completion) -> None:
+            p.wres = c._resolved_ns  # stamped by the Completion itself, even if it resolved already
 
-        # Resolved already (the function ran while this thread waited for the GIL): the moment
-        # of resolution was not observed, so no latency is recorded rather than a wrong one.
-        if not completion.is_done:
-            completion.add_done_callback(resolved)
+        completion.add_done_callback(resolved)
         return completion
 
     def blocking(self, stream: Stream | None, what: str, call: Callable[[], None]) -> None:

@@ -99,6 +99,9 @@ async def _latency_bridge(rt: srt.Runtime, s: srt.Stream, d: srt.Buffer, n: int)
 async def _latency_numba(rt: srt.Runtime, s: srt.Stream, d: srt.Buffer, n: int) -> list[float] | None:
     if rt.backend_name != "cuda":
         return None
+    # numba-cuda's own ctypes binding: with NVIDIA's binding its async_done reads a `.value`
+    # the CUstream object lacks (AttributeError in numba-cuda 0.2x on cuda-bindings 13).
+    os.environ.setdefault("NUMBA_CUDA_USE_NVIDIA_BINDING", "0")
     try:
         from numba import cuda  # type: ignore[import-not-found]
     except Exception:  # noqa: BLE001 - optional comparison
@@ -250,7 +253,11 @@ def main() -> None:
         for _ in range(args.rounds):
             for loop_kind in ("asyncio", "uvloop"):
                 for name, fn in (("streamrt", _latency_streamrt), ("bridge", _latency_bridge), ("numba", _latency_numba)):
-                    xs = _run(loop_kind, fn(rt, s, d, args.n))
+                    try:
+                        xs = _run(loop_kind, fn(rt, s, d, args.n))
+                    except Exception as exc:  # a peer that fails here is reported, not fatal
+                        report.setdefault("unavailable", {})[name] = f"{type(exc).__name__}: {exc}"
+                        continue
                     if xs is not None:
                         latency.setdefault(f"{name} [{loop_kind}]", []).extend(xs[10:])
         report["await_latency"] = {k: _summary(v) for k, v in latency.items()}

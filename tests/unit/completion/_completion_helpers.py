@@ -45,20 +45,31 @@ class Gate:
 class FaultyBackend:
     """The sim backend with an injectable sticky device error.
 
-    After :meth:`fail`, waiting for or querying an event raises
-    ``BackendError`` (as a failed CUDA/HIP context does), including a wait
-    already blocked at that moment.
+    After :meth:`fail`, querying an event raises ``BackendError`` (as a failed
+    CUDA/HIP context does). Waiting for an event raises it too, including a
+    wait already blocked at that moment; with ``hang_waits=True`` a wait
+    blocks instead (a driver that hangs on a failed context) until
+    :meth:`release_waits`, and then raises. ``hung`` counts waits blocked
+    that way right now.
     """
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, *, hang_waits: bool = False) -> None:
         self._inner = inner
         self.failed = threading.Event()
+        self.hang_waits = hang_waits
+        self._released = threading.Event()
+        self._hung_lock = threading.Lock()
+        self.hung = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
     def fail(self) -> None:
         self.failed.set()
+
+    def release_waits(self) -> None:
+        """Let hung waits return (they raise the error)."""
+        self._released.set()
 
     def _error(self, call: str) -> BackendError:
         return BackendError(self._inner.name, 700, "cudaErrorIllegalAddress", "injected sticky error", call)
@@ -71,8 +82,16 @@ class FaultyBackend:
     def event_synchronize(self, event: int) -> None:
         while not self._inner.event_query(event):
             if self.failed.wait(0.001):
-                raise self._error("event_synchronize")
+                break
         if self.failed.is_set():
+            if self.hang_waits:
+                with self._hung_lock:
+                    self.hung += 1
+                try:
+                    self._released.wait()
+                finally:
+                    with self._hung_lock:
+                        self.hung -= 1
             raise self._error("event_synchronize")
 
 

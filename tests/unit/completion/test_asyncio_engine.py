@@ -6,6 +6,7 @@ import asyncio
 import ctypes
 import gc
 import random
+import threading
 import warnings
 import weakref
 from typing import Any
@@ -176,3 +177,94 @@ def test_loop_closed_before_completion_warns_once_per_engine(harness: Harness, e
         for task in tasks:
             task._log_destroy_pending = False  # type: ignore[attr-defined]
     assert engine.statistics().loop_closed_warned
+
+
+def test_cancelled_await_is_unregistered_and_a_closed_loop_then_gives_no_warning(
+    harness: Harness, engine: CompletionEngine
+) -> None:
+    s = harness.stream()
+    gate = harness.gate(s)
+    c = engine.completion_for_stream(s)
+    loop = asyncio.new_event_loop()
+    try:
+        cancelled = loop.create_task(_await(c))
+        kept = loop.create_task(_await(c))
+        loop.run_until_complete(asyncio.sleep(0.01))
+        assert c._waiters is not None and len(c._waiters) == 2
+        cancelled.cancel()
+        loop.run_until_complete(asyncio.wait([cancelled]))
+        assert cancelled.cancelled()
+        assert c._waiters is not None and len(c._waiters) == 1  # only the cancelled wait left
+        gate.open()
+        assert loop.run_until_complete(asyncio.wait_for(kept, 5)) is None  # the other awaiter is unaffected
+    finally:
+        loop.close()
+    assert c._waiters is None
+
+
+def test_wait_for_timeout_then_loop_closed_before_the_work_completes_gives_no_warning(
+    harness: Harness, engine: CompletionEngine
+) -> None:
+    s = harness.stream()
+    gate = harness.gate(s)
+    completions = [engine.completion_for_stream(s) for _ in range(3)]
+
+    async def give_up() -> None:
+        for c in completions:
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(_await(c), 0.01)
+
+    asyncio.run(give_up())  # the loop is closed afterwards; the work is still pending
+    assert not any(c.is_done for c in completions)
+    assert all(c._waiters is None for c in completions)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gate.open()
+        for c in completions:
+            c.wait(5)
+        engine.drain()
+    assert not [w for w in caught if "event loop was closed" in str(w.message)]
+    assert not engine.statistics().loop_closed_warned
+
+
+class _NoReentryLock:
+    """Stands in for the Completion state lock; records (instead of deadlocking on) re-entry by one thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+        self.reentered = False
+
+    def __enter__(self) -> None:
+        if self._owner == threading.get_ident():
+            self.reentered = True
+            raise RuntimeError("the Completion state lock was re-entered")
+        self._lock.acquire()
+        self._owner = threading.get_ident()
+
+    def __exit__(self, *exc: object) -> None:
+        self._owner = None
+        self._lock.release()
+
+
+def test_an_abandoned_await_closed_by_the_garbage_collector_does_not_take_the_state_lock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The GC may close a pending await's generator at any allocation, even inside a locked section.
+
+    Only a cancellation (delivered by the loop) unregisters the wait; a GeneratorExit must not
+    touch the lock, or a GC pass inside ``add_done_callback`` would deadlock its own thread.
+    """
+    import streamrt._completion as completion_module
+
+    guard = _NoReentryLock()
+    monkeypatch.setattr(completion_module, "_state_lock", guard)
+    c = Completion()
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(_await(c))
+    loop.run_until_complete(asyncio.sleep(0.01))
+    loop.close()  # the task is still pending: never cancelled
+    task._log_destroy_pending = False  # type: ignore[attr-defined]
+    with guard:  # as if a GC pass ran inside a locked section on this thread
+        task.get_coro().close()
+    assert not guard.reentered

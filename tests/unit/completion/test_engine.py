@@ -400,7 +400,7 @@ def test_close_drains_joins_threads_and_refuses_later_work(harness: Harness, eng
     cs = [engine.completion_for_stream(s) for s in streams]
     cs.append(engine.host_call(streams[0], lambda: "ran"))
     threads = _engine_threads(engine)
-    assert len(threads) == 4  # three lanes and one host-call worker
+    assert len(threads) == 5  # three lanes, one host-call worker and the watchdog
     gate.open_later(0.05)
     engine.close()
     assert all(c.is_done for c in cs) and cs[-1].result() == "ran"
@@ -441,8 +441,10 @@ def test_drain_from_a_lane_thread_is_refused(harness: Harness, engine: Completio
         except RuntimeError as exc:
             errors.append(exc)
 
+    gate = harness.gate(s)  # so that the callback is added before resolution and runs on the lane
     c = engine.completion_for_stream(s)
     c.add_done_callback(cb)
+    gate.open()
     c.wait(5)
     assert wait_until(lambda: bool(errors))
     assert "wait for itself" in str(errors[0])
@@ -453,7 +455,8 @@ def test_forget_stream_lets_its_threads_finish_the_work_then_exit(harness: Harne
     gate = harness.gate(s)
     c = engine.completion_for_stream(s)
     h = engine.host_call(s, lambda: 5)
-    threads = _engine_threads(engine)
+    threads = [t for t in _engine_threads(engine) if t.name != "streamrt-watchdog"]  # the engine's, not the stream's
+    assert len(threads) == 2
     engine.forget_stream(s)  # does not block
     assert not c.is_done
     gate.open()
@@ -477,7 +480,8 @@ def test_idle_lanes_and_workers_do_not_poll(harness: Harness, engine: Completion
     engine.host_call(s, lambda: None).wait(5)
     engine.drain()
     threads = _engine_threads(engine)
-    assert len(threads) == 2
+    assert len(threads) == 3  # the lane, the host-call worker and the watchdog
+    assert wait_until(lambda: engine._watchdog is not None and engine._watchdog.idle)
     ids = [t.native_id for t in threads if t.native_id is not None]
     before = [_thread_cpu_ticks(i) for i in ids]
     time.sleep(0.3)
