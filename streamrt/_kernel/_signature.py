@@ -22,6 +22,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .._kernel_decl import DECL as _DECL
+from .._kernel_decl import QUALIFIERS as _QUALIFIERS
+from .._kernel_decl import blank_comments, split_params
+
 __all__ = ["Param", "SCALAR_TYPES", "Signature", "parse_kernels"]
 
 SCALAR_TYPES = ("i32", "u32", "i64", "u64", "f32", "f64")
@@ -72,9 +76,6 @@ _ELEMENT_SIZES = {
     "void": 1,
 }
 
-_QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict", "struct"}
-_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
-_DECL = re.compile(r'extern\s+"C"\s+([^;{}]*?)\bvoid\s+([A-Za-z_]\w*)\s*\(')
 _IDENT = re.compile(r"[A-Za-z_]\w*")
 
 
@@ -124,36 +125,6 @@ class Signature:
         return f"{self.name}({', '.join(f'{p.ctype} {p.name}' for p in self.params)})"
 
 
-def _split_params(text: str, open_paren: int) -> list[str] | None:
-    depth = 0
-    for i in range(open_paren, len(text)):
-        c = text[i]
-        if c in "(<[":
-            depth += 1
-        elif c in ")>]":
-            depth -= 1
-            if depth == 0:
-                inner = text[open_paren + 1 : i]
-                parts: list[str] = []
-                cur: list[str] = []
-                level = 0
-                for ch in inner:
-                    if ch in "(<[":
-                        level += 1
-                    elif ch in ")>]":
-                        level -= 1
-                    if ch == "," and level == 0:
-                        parts.append("".join(cur).strip())
-                        cur = []
-                    else:
-                        cur.append(ch)
-                last = "".join(cur).strip()
-                if last and last != "void":
-                    parts.append(last)
-                return parts
-    return None
-
-
 def _param(text: str, index: int) -> tuple[Param | None, str | None]:
     """Parse one parameter declaration; ``(param, None)`` or ``(None, reason)``."""
     is_ptr = "*" in text
@@ -188,7 +159,7 @@ def parse_kernels(source: str) -> dict[str, Signature]:
 
     A kernel declared twice keeps its first declaration.
     """
-    clean = _COMMENTS.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), source)
+    clean = blank_comments(source)
     out: dict[str, Signature] = {}
     for m in _DECL.finditer(clean):
         if "__global__" not in _IDENT.findall(m.group(1)):
@@ -197,7 +168,7 @@ def parse_kernels(source: str) -> dict[str, Signature]:
         if name in out:
             continue
         line = clean.count("\n", 0, m.start()) + 1
-        texts = _split_params(clean, m.end() - 1)
+        texts = split_params(clean, m.end() - 1)
         if texts is None:
             out[name] = Signature(name, (), line, f"kernel {name!r}: unterminated parameter list")
             continue

@@ -47,6 +47,9 @@ from typing import Any, Union
 import numpy as np
 
 from ..._errors import KernelCompileError
+from ..._kernel_decl import DECL as _DECL
+from ..._kernel_decl import QUALIFIERS as _QUALIFIERS
+from ..._kernel_decl import blank_comments, split_params
 
 __all__ = [
     "Twin",
@@ -209,9 +212,6 @@ class TwinContext:
 
 
 # -- compilation ------------------------------------------------------------------------------
-_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
-_DECL = re.compile(r'extern\s+"C"\s+([^;{}]*?)\bvoid\s+([A-Za-z_]\w*)\s*\(')
-_QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict", "struct"}
 _C_SCALARS = {
     "int": "i32",
     "signed": "i32",
@@ -236,36 +236,6 @@ _C_SCALARS = {
 }
 
 
-def _params(source: str, open_paren: int) -> list[str] | None:
-    depth = 0
-    for i in range(open_paren, len(source)):
-        c = source[i]
-        if c in "(<[":
-            depth += 1
-        elif c in ")>]":
-            depth -= 1
-            if depth == 0:
-                inner = source[open_paren + 1 : i]
-                parts: list[str] = []
-                cur: list[str] = []
-                level = 0
-                for ch in inner:
-                    if ch in "(<[":
-                        level += 1
-                    elif ch in ")>]":
-                        level -= 1
-                    if ch == "," and level == 0:
-                        parts.append("".join(cur).strip())
-                        cur = []
-                    else:
-                        cur.append(ch)
-                last = "".join(cur).strip()
-                if last and last != "void":
-                    parts.append(last)
-                return parts
-    return None
-
-
 def _scalar_of(param: str) -> str | None:
     tokens = [t for t in re.findall(r"[A-Za-z_]\w*", param) if t not in _QUALIFIERS]
     if len(tokens) >= 2:
@@ -275,13 +245,13 @@ def _scalar_of(param: str) -> str | None:
 
 def declared_kernels(source: str) -> list[tuple[str, list[str] | None, int]]:
     """``(name, parameter texts or None, line)`` for each ``extern "C"`` ``__global__`` kernel in ``source``."""
-    clean = _COMMENTS.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), source)
+    clean = blank_comments(source)
     out = []
     for m in _DECL.finditer(clean):
         if "__global__" not in m.group(1).split():
             continue
         line = clean.count("\n", 0, m.start()) + 1
-        out.append((m.group(2), _params(clean, m.end() - 1), line))
+        out.append((m.group(2), split_params(clean, m.end() - 1), line))
     return out
 
 
