@@ -151,6 +151,7 @@ class Runtime:
         self._multi_device = backend.device_count() > 1
         self._peer: Stream | None = None  # the peer stream (streamrt._peer), made on first use
         self._closed = False
+        self._closing = False
         self._lock = threading.Lock()
         self._streams: weakref.WeakSet[Stream] = weakref.WeakSet()
         self._events: weakref.WeakSet[Event] = weakref.WeakSet()
@@ -359,8 +360,9 @@ class Runtime:
                 "another thread, e.g. after awaiting the work"
             )
         with self._lock:
-            if self._closed:
-                return
+            if self._closed or self._closing:
+                return  # closed, or another thread is closing it
+            self._closing = True
             streams = list(self._streams)
             events = list(self._events)
             schedulers = list(self._schedulers)
