@@ -199,6 +199,13 @@ class _VirtualClock:
         self.host_now: Callable[[], float] = backend.host_now_us
 
 
+def _completion_latency_us(completion: Completion | None, host_end_ns: int | None) -> float | None:
+    """Host function end -> its Completion resolved, µs (``None`` when either is unknown)."""
+    if completion is None or host_end_ns is None or not completion.is_done:
+        return None
+    return max(0.0, (completion._resolved_ns - host_end_ns) / 1000.0)
+
+
 def _has_virtual_clock(rt: Runtime) -> bool:
     backend = rt.backend
     return bool(rt.capabilities.virtual_clock) and callable(getattr(backend, "op_log", None)) and callable(
@@ -232,7 +239,7 @@ class _Pending:
         "host_thread",
         "wh0",
         "wh1",
-        "wres",
+        "completion",
         "error",
         "node_names",
         "op_name",
@@ -255,7 +262,7 @@ class _Pending:
         self.host_thread: str | None = None
         self.wh0: int | None = None
         self.wh1: int | None = None
-        self.wres: int | None = None
+        self.completion: Completion | None = None  # a Python host call's; its resolution time is read at finish
         self.error: str | None = None
         self.node_names: Sequence[str] | None = None
         self.op_name: str | None = None
@@ -433,8 +440,8 @@ class Tracer:
         """Trace a Python host function: ``host_call(stream.handle, wrapped_fn, args)``, returning its Completion.
 
         The wrapper records the thread and the (real) time ``fn`` ran and the
-        exception it raised, then re-raises it unchanged; a done callback on
-        the Completion records when it resolved. ``pipeline``/``node`` label it
+        exception it raised, then re-raises it unchanged; the Completion's own
+        resolution stamp is read when the trace finishes. ``pipeline``/``node`` label it
         (default: :func:`label`'s, else the function's name).
         """
         p = self._new(stream, "host_python", 0)
@@ -459,10 +466,7 @@ class Tracer:
         traced.__wrapped__ = fn  # type: ignore[attr-defined]
         completion = self._enqueue(p, stream.handle, lambda: host_call(stream.handle, traced, args))
 
-        def resolved(c: Completion) -> None:
-            p.wres = c._resolved_ns  # stamped by the Completion itself, even if it resolved already
-
-        completion.add_done_callback(resolved)
+        p.completion = completion
         return completion
 
     def blocking(self, stream: Stream | None, what: str, call: Callable[[], None]) -> None:
@@ -495,6 +499,7 @@ class Tracer:
             backend.device_synchronize()
         except Exception as exc:  # a device error must not lose the trace; times of failed work are unknown
             warnings.warn(f"tracing: device_synchronize failed at the end of the trace ({exc!r})", RuntimeWarning, stacklevel=3)
+        self._await_host_completions(deadline=time.monotonic() + 2.0)
         notes: list[str] = []
         try:
             if self._virtual:
@@ -505,6 +510,18 @@ class Tracer:
             if not self._virtual:
                 self._clock.close()
         return self._build(records, hazards, notes)
+
+    def _await_host_completions(self, deadline: float) -> None:
+        """Host calls' Completions resolve on a lane just after the device passes them: give
+        them until ``deadline`` so their completion latency is known (one that never resolves,
+        a host function still blocked, keeps an unknown latency)."""
+        for p in list(self._ops):
+            c = p.completion
+            if c is not None and not c.is_done:
+                try:
+                    c.wait(max(0.0, deadline - time.monotonic()))
+                except TimeoutError:
+                    return
 
     def _wall(self, ns: int | None) -> float | None:
         return None if ns is None else (ns - self._t0) / 1000.0
@@ -530,7 +547,7 @@ class Tracer:
             wall_enqueue_dur_us=(p.w1 - p.w0) / 1000.0,
             wall_host_start_us=self._wall(wh0),
             wall_host_dur_us=None if wh0 is None or wh1 is None else (wh1 - wh0) / 1000.0,
-            wall_completion_latency_us=None if wh1 is None or p.wres is None else max(0.0, (p.wres - wh1) / 1000.0),
+            wall_completion_latency_us=_completion_latency_us(p.completion, wh1),
         )
 
     def _resolve_events(self, notes: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
