@@ -30,10 +30,10 @@ from ..._buffer import DEVICE
 from ..._kernel import add_kernel_node, launch_prepared, library_for, prepare_launch
 from ..._kernel._builtin import PREPARE_THREADS, prepare_grid
 from ..._pipeline import Pipeline
+from ._plan import PreparePlan
 from .layout import WorkspaceMetadata, WorkspaceParams, parse_metadata
 
 if TYPE_CHECKING:
-    from ..._graph import Graph
     from ..._run import Run
     from ..._runtime import Runtime
     from ..._stream import Stream
@@ -43,7 +43,7 @@ __all__ = ["DEVICE_STRATEGIES", "DevicePrepare", "prepare_workspace_device"]
 DEVICE_STRATEGIES = ("device", "device_graph")
 
 
-class DevicePrepare:
+class DevicePrepare(PreparePlan):
     """A reusable device-side prepare of one workspace: the kernel, its arguments, a 1-node pipeline.
 
     Args:
@@ -93,22 +93,7 @@ class DevicePrepare:
         self._launch = prepare_launch(self._kernel, self._grid, self._block, self._args, 0)  # checks every argument
         p = Pipeline(f"fmha_bwd_prepare_device[batch={params.batch}]")
         add_kernel_node(p, self._kernel, self._grid, self._block, self._args, name="prepare")
-        self._pipeline = p
-        self._graph: Graph | None = None
-        self._closed = False
-
-    @property
-    def params(self) -> WorkspaceParams:
-        return self._params
-
-    @property
-    def pipeline(self) -> Pipeline:
-        """The one-node pipeline (a kernel node reading seqstart, writing the workspace)."""
-        return self._pipeline
-
-    @property
-    def graph(self) -> Graph | None:
-        return self._graph
+        super().__init__(params, p)  # a one-node pipeline: the kernel reads seqstart, writes the workspace
 
     @property
     def grid(self) -> tuple[int, int, int]:
@@ -125,23 +110,6 @@ class DevicePrepare:
         self._check_open()
         return self._pipeline.launch(stream)
 
-    def capture(self, stream: Stream) -> Graph:
-        """Capture the prepare into this object's graph (replacing an earlier one)."""
-        self._check_open()
-        graph = self._pipeline.capture(stream)
-        if self._graph is not None:
-            self._graph.close()
-        self._graph = graph
-        return graph
-
-    def replay(self, stream: Stream) -> Run:
-        """Replay the captured prepare (capturing on ``stream`` first if needed): the ``"device_graph"`` strategy."""
-        self._check_open()
-        if self._graph is None:
-            self.capture(stream)
-        assert self._graph is not None
-        return self._graph.launch(stream)
-
     def metadata(self, stream: Stream) -> WorkspaceMetadata:
         """Blocking: wait for ``stream``, download the metadata region and decode it."""
         self._check_open()
@@ -153,25 +121,6 @@ class DevicePrepare:
             return parse_metadata(np.array(host.numpy(np.uint8)))
         finally:
             host.release()
-
-    def close(self) -> None:
-        """Close the graph. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._graph is not None:
-            self._graph.close()
-            self._graph = None
-
-    def __enter__(self) -> DevicePrepare:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ValueError("this DevicePrepare was closed")
 
 
 def prepare_workspace_device(

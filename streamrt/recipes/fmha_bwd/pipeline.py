@@ -45,10 +45,10 @@ import numpy as np
 
 from ..._buffer import DEVICE, Buffer
 from ..._completion import Completion
-from ..._graph import Graph
 from ..._pipeline import Pipeline
 from ..._run import Run, record_tail
 from ..._streampool import pool_for
+from ._plan import PreparePlan
 from .layout import STATUS_OK, WorkspaceInputError, WorkspaceParams, parse_metadata
 from .reference import pack_metadata
 
@@ -80,7 +80,7 @@ def _pack(params: WorkspaceParams, seqstart_q: np.ndarray, seqstart_k: np.ndarra
     return int(out[48:56].view("<i8")[0])
 
 
-class WorkspacePrepare:
+class WorkspacePrepare(PreparePlan):
     """A reusable prepare of one workspace: the pipeline, its pinned staging, optionally its graph.
 
     Args:
@@ -131,23 +131,7 @@ class WorkspacePrepare:
         p.copy(dst=stage_k, src=self._seq[1], after=[d2h_q], name="d2h_k")
         p.host(_pack, params, *self._arrays, reads=[stage_q, stage_k], writes=[meta], name="pack")
         p.copy(dst=self._meta_dev, src=meta, name="h2d_meta")
-        self._pipeline = p
-        self._graph: Graph | None = None
-        self._closed = False
-
-    @property
-    def params(self) -> WorkspaceParams:
-        return self._params
-
-    @property
-    def pipeline(self) -> Pipeline:
-        """The 5-node pipeline (memset ∥ D2H q → D2H k → pack → H2D)."""
-        return self._pipeline
-
-    @property
-    def graph(self) -> Graph | None:
-        """The captured graph, once :meth:`capture` or :meth:`replay` made it."""
-        return self._graph
+        super().__init__(params, p)  # 5 nodes: memset ∥ D2H q → D2H k → pack → H2D
 
     @property
     def staging(self) -> Buffer:
@@ -160,23 +144,6 @@ class WorkspacePrepare:
         if strategy not in ("stream", "fork"):
             raise ValueError(f"launch takes strategy 'stream' or 'fork', got {strategy!r} (use replay() or run_sync())")
         return self._pipeline.launch(stream, policy=strategy, **launch_options)
-
-    def capture(self, stream: Stream, *, policy: str = "stream") -> Graph:
-        """Capture the pipeline into this prepare's graph (replacing an earlier one)."""
-        self._check_open()
-        graph = self._pipeline.capture(stream, policy=policy)
-        if self._graph is not None:
-            self._graph.close()
-        self._graph = graph
-        return graph
-
-    def replay(self, stream: Stream) -> Run:
-        """Replay the captured prepare on ``stream`` (capturing on ``stream`` first if needed)."""
-        self._check_open()
-        if self._graph is None:
-            self.capture(stream)
-        assert self._graph is not None
-        return self._graph.launch(stream)
 
     def run_sync(self, stream: Stream) -> int:
         """The old synchronous path; returns ``dq_acc_used_bytes``. Blocks the host twice.
@@ -207,25 +174,9 @@ class WorkspacePrepare:
         meta.raise_for_status()
         return meta.dq_acc_used_bytes
 
-    def close(self) -> None:
-        """Close the graph and release the staging (its reuse waits for the streams that used it). Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._graph is not None:
-            self._graph.close()
-            self._graph = None
+    def _release(self) -> None:
+        """Release the staging (its reuse waits for the streams that used it)."""
         self._staging.release()
-
-    def __enter__(self) -> WorkspacePrepare:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ValueError("this WorkspacePrepare was closed")
 
 
 def prepare_workspace(
