@@ -405,82 +405,76 @@ class EnqueueNode(Node):
         )
 
 
-class RecordNode(Node):
+class _EventNode(Node):
+    """A node that records or waits for ``event``: no buffers, no graph node of its own."""
+
+    __slots__ = ("event",)
+    _op = ""  # the traced op kind
+
+    def __init__(self, pipeline: Any, index: int, name: str, event: Event) -> None:
+        super().__init__(pipeline, index, name, (), ())
+        self.event = event
+
+    def keepalive(self) -> tuple[Any, ...]:
+        return (self.event,)
+
+    def _call(self, backend: Any, stream: int, event: int) -> None:
+        raise NotImplementedError
+
+    def _enqueue(self, stream: Stream, ctx: EnqueueContext) -> None:
+        event = self.event
+        event._check_open()
+        self._call(stream._backend, stream._handle, event._handle)
+        self._after(event, stream._handle)
+
+    def _enqueue_traced(self, stream: Stream, ctx: EnqueueContext, tracer: Any) -> None:
+        event = self.event
+        event._check_open()
+        backend, handle = stream._backend, stream._handle
+        tracer.op(
+            stream,
+            self._op,
+            0,
+            lambda: self._call(backend, handle, event._handle),
+            event=event,
+            pipeline=self._pipeline_name(),
+            node=self._name,
+        )
+        self._after(event, handle)
+
+    def _after(self, event: Event, stream: int) -> None:
+        """Bookkeeping once the call is enqueued."""
+
+    def _graph_nodes(self) -> int | None:
+        return 0
+
+    def _rebound(self, mapping: dict[int, Buffer]) -> Node:
+        return self
+
+
+class RecordNode(_EventNode):
     """Record ``event`` once the node's predecessors have completed (an edge to another pipeline)."""
 
     kind = "record"
-    __slots__ = ("event",)
+    __slots__ = ()
+    _op = "record"
 
-    def __init__(self, pipeline: Any, index: int, name: str, event: Event) -> None:
-        super().__init__(pipeline, index, name, (), ())
-        self.event = event
+    def _call(self, backend: Any, stream: int, event: int) -> None:
+        backend.event_record(event, stream)
 
-    def keepalive(self) -> tuple[Any, ...]:
-        return (self.event,)
-
-    def _enqueue(self, stream: Stream, ctx: EnqueueContext) -> None:
-        self.event._check_open()
-        stream._backend.event_record(self.event._handle, stream._handle)
-        self.event._recorded_on = stream._handle
-
-    def _enqueue_traced(self, stream: Stream, ctx: EnqueueContext, tracer: Any) -> None:
-        event = self.event
-        event._check_open()
-        backend, handle = stream._backend, stream._handle
-        tracer.op(
-            stream,
-            "record",
-            0,
-            lambda: backend.event_record(event._handle, handle),
-            event=event,
-            pipeline=self._pipeline_name(),
-            node=self._name,
-        )
-        event._recorded_on = handle
-
-    def _graph_nodes(self) -> int | None:
-        return 0
-
-    def _rebound(self, mapping: dict[int, Buffer]) -> Node:
-        return self
+    def _after(self, event: Event, stream: int) -> None:
+        event._recorded_on = stream
 
 
-class WaitNode(Node):
+class WaitNode(_EventNode):
     """Make the node's dependents wait for ``event`` (recorded by another pipeline or stream)."""
 
     kind = "wait"
-    __slots__ = ("event",)
+    __slots__ = ()
+    _op = "wait_event"
 
-    def __init__(self, pipeline: Any, index: int, name: str, event: Event) -> None:
-        super().__init__(pipeline, index, name, (), ())
-        self.event = event
-
-    def keepalive(self) -> tuple[Any, ...]:
-        return (self.event,)
-
-    def _enqueue(self, stream: Stream, ctx: EnqueueContext) -> None:
-        self.event._check_open()
-        stream._backend.stream_wait_event(stream._handle, self.event._handle)
-
-    def _enqueue_traced(self, stream: Stream, ctx: EnqueueContext, tracer: Any) -> None:
-        event = self.event
-        event._check_open()
-        backend, handle = stream._backend, stream._handle
-        tracer.op(
-            stream,
-            "wait_event",
-            0,
-            lambda: backend.stream_wait_event(handle, event._handle),
-            event=event,
-            pipeline=self._pipeline_name(),
-            node=self._name,
-        )
-
-    def _graph_nodes(self) -> int | None:
-        return 0
-
-    def _rebound(self, mapping: dict[int, Buffer]) -> Node:
-        return self
+    def _call(self, backend: Any, stream: int, event: int) -> None:
+        backend.stream_wait_event(stream, event)
 
 
 # -- enqueueing a whole pipeline ----------------------------------------------------------------------
