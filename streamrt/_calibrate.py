@@ -8,9 +8,15 @@ Method. Device times come from timing events; host times from
 ``perf_counter`` (on a device with a virtual clock, from the backend's
 virtual host clock, so calibrating the simulator recovers its own profile:
 that is how the procedure is tested). Back-to-back device figures are
-measured on a *gated* stream: a native ``sem_wait`` host function holds the
-stream until every op of the measurement is enqueued, so the device, not the
-host, sets the pace. Each figure is the median of ``repeats`` runs.
+measured behind a *gate*: a ``spin_sleep`` kernel (:mod:`streamrt._kernel`) that keeps the
+stream busy for longer than the host takes to enqueue every op of the
+measurement, so the device, not the host, sets the pace. (A gate made of a
+blocked host function would not do: the driver's queue behind a blocked host
+function is bounded, and the enqueuing thread then blocks before it can open
+the gate.) Where no kernel can be compiled, the gate is a ``sem_wait`` host
+function and measurements enqueue at most 16 ops behind it. A gate that the
+host outran (its body took longer to enqueue than the spin) is retried with a
+longer spin. Each figure is the median of ``repeats`` runs.
 
 ==========================  =====================================================================
 field                       measured as
@@ -92,10 +98,14 @@ def _fmt(v: Any) -> str:
 class _Bench:
     """Raw backend primitives for the measurements (no streamrt bookkeeping in the timed paths)."""
 
+    #: Ops a measurement may enqueue behind a host-function gate (the driver's queue behind it is bounded).
+    HOST_GATE_OPS = 16
+
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.b = rt.backend
-        self.stream = self.b.stream_create(0)
+        self._stream = rt.create_stream(name="calibrate")
+        self.stream = self._stream._handle
         backend = self.b
         if rt.capabilities.virtual_clock and callable(getattr(backend, "host_now_us", None)):
             self.host_us: Callable[[], float] = getattr(backend, "host_now_us")
@@ -107,6 +117,22 @@ class _Bench:
         self._allocs: list[tuple[Callable[[int], None], int]] = []
         self.gate = Semaphore()
         self.dummy = Semaphore()
+        self.kernel_gate = self._kernel_gate_works()
+        self.op_host_us = 10.0  # a pessimistic host cost per enqueued op until api_call_us is measured
+        self.retries = 0
+
+    def _kernel_gate_works(self) -> bool:
+        try:
+            self.rt.kernels.spin_sleep(self._stream, 1.0)
+            self.b.stream_synchronize(self.stream)
+        except Exception:  # noqa: BLE001 - no compiler or no kernel support: the host-function gate
+            return False
+        return True
+
+    @property
+    def max_ops(self) -> int | None:
+        """The most ops one gated body may enqueue (``None``: no limit)."""
+        return None if self.kernel_gate else self.HOST_GATE_OPS
 
     def event(self) -> int:
         ev = self.b.event_create(timing=True, blocking_sync=True)
@@ -123,14 +149,31 @@ class _Bench:
         self._allocs.append((self.b.host_free, p))
         return p
 
-    def gated(self, body: Callable[[], None]) -> None:
-        """Hold the stream on a ``sem_wait`` host function while ``body`` enqueues, then release it and wait."""
-        self.b.launch_host_func(self.stream, SEM_WAIT_ADDRESS, self.gate.address)
-        try:
+    def gated(self, body: Callable[[], None], ops: int) -> None:
+        """Hold the stream while ``body`` enqueues ``ops`` ops, then let it run and wait for it.
+
+        With the kernel gate, a body the host took longer to enqueue than the
+        gate spun is run again behind a longer spin (up to 4 times).
+        """
+        if not self.kernel_gate:
+            self.b.launch_host_func(self.stream, SEM_WAIT_ADDRESS, self.gate.address)
+            try:
+                body()
+            finally:
+                self.gate.post()
+                self.b.stream_synchronize(self.stream)
+            return
+        spin = max(200.0, 4.0 * ops * self.op_host_us + 100.0)
+        for _attempt in range(4):
+            self.rt.kernels.spin_sleep(self._stream, spin)
+            t0 = self.host_us()
             body()
-        finally:
-            self.gate.post()
+            took = self.host_us() - t0
             self.b.stream_synchronize(self.stream)
+            if took < 0.8 * spin:
+                return
+            self.retries += 1
+            spin *= 4.0
 
     def elapsed_us(self, a: int, b: int) -> float:
         return self.b.event_elapsed_ms(a, b) * 1000.0
@@ -143,7 +186,7 @@ class _Bench:
                 self.b.event_destroy(ev)
             for free, p in self._allocs:
                 free(p)
-            self.b.stream_destroy(self.stream)
+            self._stream.close()
             self.gate.destroy()
             self.dummy.destroy()
 
@@ -171,8 +214,10 @@ def calibrate(rt: Runtime, *, repeats: int = 5, quick: bool = False, progress: P
     fill_sizes = [1 * _MIB, 2 * _MIB, 4 * _MIB] if small else [16 * _MIB, 64 * _MIB, 256 * _MIB]
     # On a virtual clock the gate holds the stream for host_func_us of virtual time only: keep
     # the ops enqueued meanwhile few enough that the device, not the host, sets the pace.
-    n_small = 20 if caps.virtual_clock else (50 if quick else 200)
     bench = _Bench(rt)
+    n_small = 20 if caps.virtual_clock else (50 if quick else 200)
+    if bench.max_ops is not None:
+        n_small = min(n_small, bench.max_ops - 4)  # the measured ops plus the events around them
     b = bench.b
     s = bench.stream
     measured: dict[str, float] = {}
@@ -203,24 +248,25 @@ def calibrate(rt: Runtime, *, repeats: int = 5, quick: bool = False, progress: P
                     b.memset_async(dev, 0, 1, s)
                 out = (bench.host_us() - t0) / n_small
 
-            bench.gated(body)
+            bench.gated(body, n_small)
             return out
 
         measured["api_call_us"] = med(api)
+        bench.op_host_us = max(measured["api_call_us"], 0.5)
 
         # -- launch gap: back-to-back 1-byte memsets ----------------------------------------------------
-        def period(enqueue_one: Callable[[], None], lead: Callable[[], None] | None = None) -> Callable[[], float]:
+        def period(enqueue_one: Callable[[], None], lead: Callable[[], None] | None = None, count: int = n_small) -> Callable[[], float]:
             def run() -> float:
                 def body() -> None:
                     if lead is not None:
                         lead()
                     b.event_record(e[0], s)
-                    for _ in range(n_small):
+                    for _ in range(count):
                         enqueue_one()
                     b.event_record(e[1], s)
 
-                bench.gated(body)
-                return bench.elapsed_us(e[0], e[1]) / n_small
+                bench.gated(body, count + 3)
+                return bench.elapsed_us(e[0], e[1]) / count
 
             return run
 
@@ -238,7 +284,7 @@ def calibrate(rt: Runtime, *, repeats: int = 5, quick: bool = False, progress: P
                         enqueue(n)
                         b.event_record(e[i + 1], s)
 
-                bench.gated(body)
+                bench.gated(body, 2 * len(sizes) + 2)
                 pts = [(n, bench.elapsed_us(e[i], e[i + 1])) for i, n in enumerate(sizes)]
                 return _fit(pts)
 
@@ -263,7 +309,9 @@ def calibrate(rt: Runtime, *, repeats: int = 5, quick: bool = False, progress: P
             measured[name] = bw
 
         # -- host functions and event records -----------------------------------------------------------------
-        measured["host_func_us"] = med(period(lambda: b.launch_host_func(s, SEM_POST_ADDRESS, bench.dummy.address)))
+        # few host functions at a time: the driver's queue of pending host functions is bounded
+        post = lambda: b.launch_host_func(s, SEM_POST_ADDRESS, bench.dummy.address)  # noqa: E731
+        measured["host_func_us"] = med(period(post, count=min(n_small, 32)))
         extra = bench.event()
         measured["event_record_us"] = med(period(lambda: b.event_record(extra, s)))
 
@@ -340,6 +388,10 @@ def calibrate(rt: Runtime, *, repeats: int = 5, quick: bool = False, progress: P
             "sync_wake_us": f"sync turnaround {measured['sync_turnaround_us']:.3f} us - api, x 3/7",
         }
     )
+    if bench.retries:
+        notes.append(f"the host outran the gate {bench.retries} time(s); those measurements were repeated behind a longer spin")
+    if not bench.kernel_gate:
+        notes.append(f"no kernel could be compiled: gated by a host function, {n_small} ops per measurement")
     if "host_func_launch_to_wake_us" in measured:
         start = max(measured["host_func_launch_to_wake_us"] - api_us - launch - wake, 0.0)
         fields["host_func_start_us"] = round(start, 3)

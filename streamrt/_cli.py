@@ -1,7 +1,7 @@
-"""The ``streamrt`` command (``python -m streamrt``): demo, study, doctor, bench, calibrate.
+"""The ``streamrt`` command (``python -m streamrt``): demo, study, doctor, bench, calibrate, fidelity.
 
 Each subcommand is a thin layer over a function of its own module (``_demo``,
-``_study``, ``_doctor``, ``_bench``, ``_calibrate``), imported only when the
+``_study``, ``_doctor``, ``_bench``, ``_calibrate``, ``_fidelity``), imported only when the
 subcommand runs, so ``streamrt doctor`` works even where a backend library is
 broken. :func:`main` returns the exit status instead of exiting, so tests call
 it in-process.
@@ -58,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--out", default=None, help="profile file to write (default: sim-profile-<device>.json)")
     cal.add_argument("--repeats", type=int, default=5, help="repetitions per measurement; medians are kept (default 5)")
     cal.add_argument("--quick", action="store_true", help="small sizes and fewer repetitions (a rough profile in seconds)")
+
+    fid = sub.add_parser("fidelity", help="compare a GPU's `demo --json` with the simulator's, per strategy (±tolerance, ranking)")
+    fid.add_argument("gpu", help="`streamrt demo --json` result measured on the GPU")
+    fid.add_argument("sim", help="`streamrt demo --json` result of the simulator with that GPU's calibrated profile")
+    fid.add_argument("--tolerance", type=float, default=0.25, help="allowed relative error of the added time (default 0.25)")
     return parser
 
 
@@ -96,6 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ._calibrate import run_calibrate
 
         return run_calibrate(args.backend, device=args.device, out=args.out, repeats=args.repeats, quick=args.quick)
+    if args.command == "fidelity":
+        from ._fidelity import run_fidelity
+
+        return run_fidelity(args.gpu, args.sim, tolerance=args.tolerance)
     return 2  # pragma: no cover - argparse rejects unknown commands
 
 

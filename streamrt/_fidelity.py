@@ -1,0 +1,150 @@
+"""``streamrt fidelity``: how well the simulator predicted a GPU's ``streamrt demo``.
+
+Compares two ``streamrt demo --json`` results of the same workload: one from
+a GPU (the reference) and one from the simulator running a profile calibrated
+on that GPU (``streamrt calibrate``). Per strategy it puts the GPU time added
+per step side by side and checks
+
+* the prediction error: ``|sim - gpu| <= tolerance * |gpu|`` (±25 % by
+  default). A GPU figure is itself a median with a spread: where ``|gpu|`` is
+  smaller than the GPU's own step spread for that strategy (the max - min of
+  its per-round medians), a relative error means nothing, and the row is
+  checked against that spread instead; such rows say so (``within noise``);
+* the ranking: the strategies sorted by added time, GPU order against
+  simulator order.
+
+Non-blocking, pure: reads two JSON files, prints a table.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import IO, Any
+
+__all__ = ["FidelityReport", "FidelityRow", "compare_demos", "run_fidelity"]
+
+BASELINE = "none"
+
+
+@dataclass(frozen=True)
+class FidelityRow:
+    """One strategy: GPU and simulated added time per step (µs), the error, and the verdict."""
+
+    strategy: str
+    gpu_added_us: float
+    sim_added_us: float
+    gpu_spread_us: float
+    error: float | None  # (sim - gpu) / |gpu|; None when |gpu| is under the spread
+    within: bool
+
+    @property
+    def basis(self) -> str:
+        return "relative" if self.error is not None else "within noise"
+
+
+@dataclass(frozen=True)
+class FidelityReport:
+    """The comparison: one row per strategy both runs measured, and the two rankings."""
+
+    rows: tuple[FidelityRow, ...]
+    gpu_ranking: tuple[str, ...]
+    sim_ranking: tuple[str, ...]
+    tolerance: float
+    gpu_device: str
+    sim_device: str
+
+    @property
+    def same_ranking(self) -> bool:
+        return self.gpu_ranking == self.sim_ranking
+
+    @property
+    def all_within(self) -> bool:
+        return all(r.within for r in self.rows)
+
+    @property
+    def met(self) -> bool:
+        return self.all_within and self.same_ranking
+
+    def table(self) -> str:
+        head = ("strategy", "GPU added us", "sim added us", "GPU spread us", "error", f"within ±{self.tolerance:.0%}")
+        body = [
+            (
+                r.strategy,
+                f"{r.gpu_added_us:+.1f}",
+                f"{r.sim_added_us:+.1f}",
+                f"{r.gpu_spread_us:.1f}",
+                f"{r.error:+.1%}" if r.error is not None else "n/a",
+                ("yes" if r.within else "NO") + ("" if r.error is not None else " (within noise)" if r.within else " (beyond noise)"),
+            )
+            for r in self.rows
+        ]
+        widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(head)]
+        line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+        lines = [f"GPU: {self.gpu_device}   simulator: {self.sim_device}", line(head), line(tuple("-" * w for w in widths))]
+        lines += [line(row) for row in body]
+        lines.append(f"ranking by added time, GPU:       {' < '.join(self.gpu_ranking)}")
+        lines.append(f"ranking by added time, simulator: {' < '.join(self.sim_ranking)}")
+        lines.append(f"same ranking: {'yes' if self.same_ranking else 'NO'}; every strategy within tolerance: {'yes' if self.all_within else 'NO'}")
+        return "\n".join(lines)
+
+
+def _strategies(result: dict[str, Any], what: str) -> dict[str, dict[str, Any]]:
+    try:
+        rows = {r["name"]: r for r in result["results"]}
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"the {what} file is not a `streamrt demo --json` result (no results list)") from exc
+    if BASELINE not in rows:
+        raise ValueError(f"the {what} result has no {BASELINE!r} baseline row")
+    return rows
+
+
+def compare_demos(gpu: dict[str, Any], sim: dict[str, Any], *, tolerance: float = 0.25) -> FidelityReport:
+    """Compare a GPU demo result with a simulated one (both as written by ``streamrt demo --json``).
+
+    Raises ``ValueError`` when either is not a demo result, when the GPU one
+    ran on a virtual clock or the simulated one did not, or when they share
+    no strategy besides the baseline.
+    """
+    if not tolerance > 0:
+        raise ValueError(f"tolerance must be positive, got {tolerance}")
+    if gpu.get("clock") == "virtual":
+        raise ValueError("the GPU file comes from the simulator (virtual clock): pass a GPU run first")
+    if sim.get("clock") != "virtual":
+        raise ValueError("the simulator file was not measured on the simulator's virtual clock")
+    g, s = _strategies(gpu, "GPU"), _strategies(sim, "simulator")
+    names = [n for n in g if n in s and n != BASELINE]
+    if not names:
+        raise ValueError("the two results share no strategy besides the baseline")
+    rows = []
+    for n in names:
+        ga, sa = float(g[n]["added_us"]), float(s[n]["added_us"])
+        spread = float(g[n].get("step_spread_us", 0.0))
+        if abs(ga) > spread:
+            err: float | None = (sa - ga) / abs(ga)
+            within = abs(sa - ga) <= tolerance * abs(ga)
+        else:
+            err, within = None, abs(sa - ga) <= spread
+        rows.append(FidelityRow(n, ga, sa, spread, err, within))
+    return FidelityReport(
+        rows=tuple(rows),
+        gpu_ranking=tuple(sorted(names, key=lambda n: float(g[n]["added_us"]))),
+        sim_ranking=tuple(sorted(names, key=lambda n: float(s[n]["added_us"]))),
+        tolerance=tolerance,
+        gpu_device=f"{gpu.get('backend')}: {gpu.get('device_name')}",
+        sim_device=f"{sim.get('backend')}: {sim.get('device_name')}",
+    )
+
+
+def run_fidelity(gpu_path: str, sim_path: str, *, tolerance: float = 0.25, out: IO[str] | None = None) -> int:
+    """Print the comparison of two demo JSON files; returns 0 when the goal is met, 1 otherwise."""
+    import sys
+
+    out = out or sys.stdout
+    with open(gpu_path, encoding="utf-8") as fh:
+        gpu = json.load(fh)
+    with open(sim_path, encoding="utf-8") as fh:
+        sim = json.load(fh)
+    report = compare_demos(gpu, sim, tolerance=tolerance)
+    print(report.table(), file=out)
+    return 0 if report.met else 1
