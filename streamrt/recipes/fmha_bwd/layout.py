@@ -65,6 +65,7 @@ trusts the block touches nothing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -253,7 +254,7 @@ class WorkspaceParams:
         """Workers recorded in the metadata: ``num_cus`` if deterministic, else 0."""
         return self.num_cus if self.deterministic else 0
 
-    @property
+    @functools.cached_property
     def layout(self) -> MetadataLayout:
         """The byte layout of the metadata block (see the module docstring)."""
         nw = self.num_workers
@@ -337,30 +338,34 @@ def write_metadata(
     else:
         wst[:] = IDLE
     h = out[:HEADER_BYTES].view(HEADER_DTYPE)[0]
-    h["magic"] = METADATA_MAGIC
-    h["version"] = METADATA_VERSION
-    h["header_bytes"] = HEADER_BYTES
-    h["status"] = status
-    h["batch"] = params.batch
-    h["nhead"] = params.nhead
-    h["hdim_q"] = params.hdim_q
-    h["kM0"] = params.kM0
-    h["kN0"] = params.kN0
-    h["num_workers"] = nw
-    h["deterministic"] = int(params.deterministic)
-    h["nsplits_max"] = int(nsp.max()) if params.batch else 0
-    h["dq_acc_used_bytes"] = DQ_ACC_ELEMENT_BYTES * int(off[-1])
-    h["dq_acc_offset_bytes"] = lay.region_bytes
-    h["dq_acc_bound_bytes"] = params.dq_acc_bound_bytes
-    h["total_units"] = total_units
-    h["total_weight"] = total_weight
-    h["unit_quota"] = unit_quota
-    h["offsets_offset"] = lay.offsets_offset
-    h["nsplits_offset"] = lay.nsplits_offset
-    h["worker_start_offset"] = lay.worker_start_offset
-    h["worker_units_offset"] = lay.worker_units_offset
-    h["metadata_bytes"] = lay.metadata_bytes
-    h["region_bytes"] = lay.region_bytes
+    # One structured assignment: far cheaper than a field at a time (this runs in every prepare's host pack).
+    out[:HEADER_BYTES].view(HEADER_DTYPE)[0] = (
+        METADATA_MAGIC,
+        METADATA_VERSION,
+        HEADER_BYTES,
+        status,
+        params.batch,
+        params.nhead,
+        params.hdim_q,
+        params.kM0,
+        params.kN0,
+        nw,
+        int(params.deterministic),
+        int(nsp.max()) if params.batch else 0,
+        DQ_ACC_ELEMENT_BYTES * int(off[-1]),
+        lay.region_bytes,
+        params.dq_acc_bound_bytes,
+        total_units,
+        total_weight,
+        unit_quota,
+        lay.offsets_offset,
+        lay.nsplits_offset,
+        lay.worker_start_offset,
+        lay.worker_units_offset,
+        lay.metadata_bytes,
+        lay.region_bytes,
+        (0, 0),
+    )
 
 
 @dataclass(frozen=True, eq=False)

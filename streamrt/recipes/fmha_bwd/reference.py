@@ -85,8 +85,9 @@ def as_seqstart(values: Any, batch: int, what: str) -> np.ndarray:
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{what} must hold integers, not {arr.dtype}")
     out = arr.astype(np.int64)
-    if out.size and (out.min() < _INT32_MIN or out.max() > _INT32_MAX):
-        raise ValueError(f"{what} values must fit in int32")
+    if arr.dtype.itemsize > 4 or arr.dtype == np.uint32:  # narrower types fit by construction
+        if out.size and (out.min() < _INT32_MIN or out.max() > _INT32_MAX):
+            raise ValueError(f"{what} values must fit in int32")
     return out
 
 
@@ -188,17 +189,19 @@ def pack_metadata(params: WorkspaceParams, seqstart_q: Any, seqstart_k: Any, out
     ssk = as_seqstart(seqstart_k, p.batch, "seqstart_k")
     if out is None:
         out = np.empty(p.metadata_region_bytes, dtype=np.uint8)
-    sq = np.diff(ssq)
-    sk = np.diff(ssk)
+    sq = ssq[1:] - ssq[:-1]
+    sk = ssk[1:] - ssk[:-1]
     status = STATUS_OK
-    if sq.min() < 0 or sk.min() < 0:
-        status |= STATUS_NEGATIVE_LENGTH
-    if ssq[-1] - ssq[0] > p.total_q_padded:
+    if p.batch:
+        sq_min, sq_max, sk_min, sk_max = int(sq.min()), int(sq.max()), int(sk.min()), int(sk.max())
+        if sq_min < 0 or sk_min < 0:
+            status |= STATUS_NEGATIVE_LENGTH
+        if sk_max > p.max_seqlen_k:
+            status |= STATUS_SEQLEN_K_EXCEEDED
+        if sq_max > p.max_seqlen_q:
+            status |= STATUS_SEQLEN_Q_EXCEEDED
+    if int(ssq[-1]) - int(ssq[0]) > p.total_q_padded:
         status |= STATUS_TOTAL_Q_EXCEEDED
-    if sk.max() > p.max_seqlen_k:
-        status |= STATUS_SEQLEN_K_EXCEEDED
-    if sq.max() > p.max_seqlen_q:
-        status |= STATUS_SEQLEN_Q_EXCEEDED
     nw = p.num_workers
     worker_start = np.full((nw, 4), IDLE, dtype=np.int64)
     worker_units = np.zeros(nw, dtype=np.int64)
