@@ -1,0 +1,220 @@
+"""Host enqueue cost of the seed's 4-node prepare pipeline (issue 5): eager and graph launch.
+
+The pipeline is DESIGN §8's: memset(dq_acc) ∥ [D2H seqstart_q → D2H seqstart_k
+→ host pack → H2D metadata]. Per call, the wall time of the call that
+enqueues it, measured two ways:
+
+* ``idle``: the GPU is idle and the previous run has completed (and been
+  retired) before each call: the enqueue cost alone;
+* ``busy``: each call is followed by a spin kernel of ``--spin-us`` on the
+  same stream, and up to ``--window`` runs are in flight, as in a training
+  loop; the runtime's threads retire earlier runs and run earlier packs while
+  the host enqueues, so this includes the contention for the GIL.
+
+Columns, interleaved per round (medians over rounds of per-call medians):
+
+* ``raw ops``: the same backend calls made directly with pre-converted
+  handles (memset, 2 D2H, 2 native host functions, H2D, one event record): the
+  floor an eager launch cannot go below;
+* ``stream``/``fork``: ``Pipeline.launch`` with each policy (fork with
+  ``wait_for=None``);
+* ``raw graph``: the backend's graph launch of the captured executable plus
+  one event record;
+* ``graph``: ``Graph.launch``.
+
+``--profile`` also prints the functions that took the most time per call
+(cProfile) for each streamrt column in the idle mode.
+
+    python demos/bench/enqueue_cost.py --backend cuda --out enqueue_cuda.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import streamrt as srt
+from streamrt._backends.protocol import MemcpyKind
+from streamrt._native import SEM_POST_ADDRESS, Semaphore
+from streamrt.recipes.fmha_bwd import WorkspaceParams, WorkspacePrepare, workspace_size
+
+COLUMNS = ("raw ops", "stream", "fork", "raw graph", "graph")
+
+
+def _params(batch: int, seed: int) -> tuple[WorkspaceParams, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    sq = rng.integers(128, 257, batch)
+    sk = rng.integers(128, 257, batch)
+    seq_q = np.concatenate([[0], np.cumsum(sq)]).astype(np.int32)
+    seq_k = np.concatenate([[0], np.cumsum(sk)]).astype(np.int32)
+    params = WorkspaceParams(
+        batch=batch, nhead=8, hdim_q=64, kM0=64, kN0=128, num_cus=132, deterministic=False,
+        max_seqlen_q=int(sq.max()), max_seqlen_k=int(sk.max()), total_q_padded=int(seq_q[-1]),
+    )  # fmt: skip
+    return params, seq_q, seq_k
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    params, seq_q, seq_k = _params(args.batch, args.seed)
+    with srt.open_runtime(args.backend) as rt:
+        s = rt.create_stream(name="enqueue")
+        b, h = rt.backend, s._handle
+        q = rt.device_allocator.allocate(seq_q.nbytes, stream=s)
+        k = rt.device_allocator.allocate(seq_k.nbytes, stream=s)
+        ws = rt.device_allocator.allocate(workspace_size(params), stream=s)
+        stage = rt.host_allocator.allocate(seq_q.nbytes + seq_k.nbytes)
+        stage.numpy(np.int32)[:] = np.concatenate([seq_q, seq_k])
+        s.copy(q, stage.view(0, seq_q.nbytes))
+        s.copy(k, stage.view(seq_q.nbytes))
+        s.synchronize()
+        prep = WorkspacePrepare(rt, params, q, k, ws)
+        graph = prep.capture(s)
+        exec_handle = graph._state.exec  # type: ignore[union-attr]
+        scratch = rt.host_allocator.allocate(4096)
+        sem = Semaphore()
+        tail_ev = rt.backend.event_create(timing=False, blocking_sync=True)
+        dq, meta_dev = ws.ptr + params.metadata_region_bytes, ws.ptr
+        dq_n, meta_n = params.dq_acc_bound_bytes, params.metadata_region_bytes
+        d2h, h2d = MemcpyKind.DEVICE_TO_HOST, MemcpyKind.HOST_TO_DEVICE
+
+        def raw_ops() -> None:
+            b.memset_async(dq, 0, dq_n, h)
+            b.memcpy_async(scratch.ptr, q.ptr, seq_q.nbytes, d2h, h)
+            b.memcpy_async(scratch.ptr + 1024, k.ptr, seq_k.nbytes, d2h, h)
+            b.launch_host_func(h, SEM_POST_ADDRESS, sem.address)
+            b.launch_host_func(h, SEM_POST_ADDRESS, sem.address)
+            b.memcpy_async(meta_dev, scratch.ptr + 2048, min(meta_n, 2048), h2d, h)
+            b.event_record(tail_ev, h)
+
+        def raw_graph() -> None:
+            b.graph_launch(exec_handle, h)
+            b.event_record(tail_ev, h)
+
+        calls: dict[str, Callable[[], Any]] = {
+            "raw ops": raw_ops,
+            "stream": lambda: prep.launch(s, "stream"),
+            "fork": lambda: prep.launch(s, "fork", wait_for=None),
+            "raw graph": raw_graph,
+            "graph": lambda: graph.launch(s),
+        }
+        spin: Callable[[], None] | None = None
+        if not rt.capabilities.is_simulated:
+            try:
+                rt.kernels.spin_sleep(s, 1.0)
+                spin = lambda: rt.kernels.spin_sleep(s, args.spin_us)  # noqa: E731
+            except Exception as exc:  # noqa: BLE001
+                print(f"no spin kernel ({exc}): the busy mode is skipped", file=sys.stderr)
+        s.synchronize()
+
+        def measure(name: str, mode: str) -> float:
+            fn = calls[name]
+            times: list[float] = []
+            inflight: list[Any] = []
+            for i in range(args.warmup + args.calls):
+                if mode == "idle":
+                    s.synchronize()
+                    for r in inflight:
+                        r.wait() if hasattr(r, "wait") else None
+                    inflight.clear()
+                t0 = time.perf_counter()
+                r = fn()
+                t1 = time.perf_counter()
+                if i >= args.warmup:
+                    times.append(t1 - t0)
+                if mode == "busy":
+                    assert spin is not None
+                    spin()
+                    inflight.append(r)
+                    if len(inflight) > args.window:
+                        old = inflight.pop(0)
+                        old.wait() if hasattr(old, "wait") else s.synchronize()
+            s.synchronize()
+            for r in inflight:
+                if hasattr(r, "wait"):
+                    r.wait()
+            return statistics.median(times) * 1e6
+
+        modes = ["idle"] + (["busy"] if spin is not None else [])
+        per_round: dict[str, dict[str, list[float]]] = {m: {c: [] for c in COLUMNS} for m in modes}
+        for rnd in range(args.rounds):
+            order = COLUMNS[rnd % len(COLUMNS) :] + COLUMNS[: rnd % len(COLUMNS)]
+            for mode in modes:
+                for c in order:
+                    per_round[mode][c].append(measure(c, mode))
+        profiles: dict[str, str] = {}
+        if args.profile:
+            for c in ("stream", "fork", "graph"):
+                pr = cProfile.Profile()
+                fn = calls[c]
+                for _ in range(200):
+                    s.synchronize()
+                    pr.enable()
+                    r = fn()
+                    pr.disable()
+                    r.wait()
+                buf = io.StringIO()
+                pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(18)
+                profiles[c] = buf.getvalue()
+        s.synchronize()
+        prep.close()
+        scratch.release()
+        stage.release()
+        sem.destroy()
+        rt.backend.event_destroy(tail_ev)
+        device = f"{rt.backend_name}: {rt.capabilities.device_name}"
+    summary = {m: {c: statistics.median(v) for c, v in cols.items()} for m, cols in per_round.items()}
+    return {
+        "device": device,
+        "rounds": args.rounds,
+        "calls": args.calls,
+        "window": args.window,
+        "spin_us": args.spin_us,
+        "summary_us": summary,
+        "rounds_us": per_round,
+        "profiles": profiles,
+    }
+
+
+def _print(result: dict[str, Any]) -> None:
+    print(result["device"])
+    print(f"{result['rounds']} interleaved rounds x {result['calls']} calls; median us per call")
+    print(f"{'mode':<6}" + "".join(f"{c:>11}" for c in COLUMNS))
+    for mode, cols in result["summary_us"].items():
+        print(f"{mode:<6}" + "".join(f"{cols[c]:>11.2f}" for c in COLUMNS))
+    for name, text in result["profiles"].items():
+        print(f"\n== cProfile, {name} (200 idle calls)\n{text}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--window", type=int, default=4, help="runs in flight in the busy mode")
+    ap.add_argument("--spin-us", type=float, default=300.0, help="device work after each call in the busy mode")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    result = run(args)
+    _print(result)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
