@@ -337,7 +337,6 @@ def write_metadata(
         wun[:] = worker_units
     else:
         wst[:] = IDLE
-    h = out[:HEADER_BYTES].view(HEADER_DTYPE)[0]
     # One structured assignment: far cheaper than a field at a time (this runs in every prepare's host pack).
     out[:HEADER_BYTES].view(HEADER_DTYPE)[0] = (
         METADATA_MAGIC,
