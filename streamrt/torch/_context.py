@@ -80,7 +80,6 @@ class TorchContext:
         self._lock = threading.Lock()
         self._wrapped: dict[int, Stream] = {}  # torch stream handle -> wrapped Stream (GPU)
         self._host_stream: Stream | None = None  # the host stand-in (simulator)
-        self._completion_stream: Stream | None = None  # where fetch's host functions run
         self._join_event: Event | None = None
         self.join_lock = threading.Lock()
 
@@ -104,17 +103,6 @@ class TorchContext:
                 stream = self._wrapped.get(handle)
                 if stream is None or stream.is_closed:
                     stream = self._wrapped[handle] = self.rt.wrap_stream(ts, name=f"torch-0x{handle:x}" if handle else "torch-default")
-        return stream
-
-    def completion_stream(self) -> Stream:
-        """A runtime-owned side stream for host functions that complete fetches (never joined back)."""
-        stream = self._completion_stream
-        if stream is None or stream.is_closed:
-            with self._lock:
-                stream = self._completion_stream
-                if stream is None or stream.is_closed:
-                    stream = self._completion_stream = self.rt.create_stream(name="torch-fetch")
-                    self._join_event = None
         return stream
 
     def join(self, waiter: Stream, producer: Stream) -> None:

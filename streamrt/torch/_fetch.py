@@ -7,17 +7,14 @@
    ``rt.host_allocator``. It sits in the stream's order, so a later in-place
    update of the tensor (the next step's ``loss``, a replayed graph's static
    output) cannot overtake it;
-2. on the runtime's fetch stream, a side stream that waits for (1) through
-   an event: a Python host function that copies the staging bytes into a new
-   numpy array; the future resolves with that array.
+2. right after it, on the same stream, an event the completion engine
+   watches. When the copy has landed, the stream's lane thread copies the
+   staging bytes into a new numpy array, resolves the future with it, and
+   only then releases the staging block.
 
-The staging block is released right after the enqueue: the allocator hands
-it out again only once both streams have passed these points (the stream-tail
-keepalive), so the numpy copy is always made before the memory is reused.
-The tensor's stream carries one small copy and an event record; the host
-function (which waits for the GIL) runs on the side stream, which nothing
-else waits for (DESIGN §9: a host function on a side stream costs the step
-nothing measurable).
+The stream carries one small copy and an event record, and never waits for
+Python: no host function is enqueued, so no stream stalls on the GIL, and
+the enqueue is two backend calls.
 
 Where the tensor lives:
 
@@ -47,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._buffer import PAGEABLE, Buffer
+from .._errors import CaptureError
 from .._completion import Completion
 from .._stream import Stream
 from .._tracer import label
@@ -91,18 +89,10 @@ class FetchFuture(Completion):
         """Wait like :meth:`result`, then return the array's single element as a Python scalar."""
         return self.result(timeout).item()
 
-    def _settle(self, done: Completion) -> None:
-        """Done callback of the host function's Completion (on its lane thread)."""
-        exc = done.exception()
-        if exc is None:
-            self._set_result(done.result())
-        else:
-            self._log_unretrieved = True
-            self._set_exception(exc)
 
 
 def _copy_out(raw: np.ndarray, dtype: np.dtype, shape: tuple[int, ...], widen_bf16: bool) -> np.ndarray:
-    """The host function: staging bytes -> a new array the caller owns."""
+    """Staging bytes -> a new array the caller owns."""
     values = raw.view(dtype) if raw.size else np.empty(0, dtype=dtype)
     if widen_bf16:
         return (values.astype(np.uint32) << 16).view(np.float32).reshape(shape)
@@ -170,7 +160,9 @@ def fetch(rt: Runtime, tensor: Any, stream: Stream | None = None, *, dtype: Any 
 
 
 def _enqueue(rt: Runtime, ctx: TorchContext, stream: Stream, src: Buffer, np_dtype: np.dtype, shape: tuple[int, ...], widen: bool) -> FetchFuture:
-    """The D2H into staging on ``stream``, the copy-out host function on the fetch stream, the future."""
+    """The D2H into staging and the watched event on ``stream``; the future, resolved on the lane."""
+    if stream._backend.stream_is_capturing(stream._handle):
+        raise CaptureError(f"{stream.name} is capturing: fetch the tensor after the graph is launched, not inside the capture")
     nbytes = src.nbytes
     with label("torch.fetch", None) if rt._tracer is not None else contextlib.nullcontext():
         staging = rt.host_allocator.allocate(max(nbytes, 1))
@@ -178,16 +170,30 @@ def _enqueue(rt: Runtime, ctx: TorchContext, stream: Stream, src: Buffer, np_dty
             raw = staging.numpy(np.uint8)[:nbytes]
             if nbytes:
                 stream.copy(staging, src, nbytes)
-            side = ctx.completion_stream()
-            ctx.join(side, stream)
-            staging.note_stream(side)  # the host function reads it: reuse waits for the side stream too
-            done = side.launch_host_func(_copy_out, raw, np_dtype, shape, widen)
-        finally:
-            staging.release()  # reused only once both streams have passed this point
-    assert done is not None
+            landed = rt._engine.completion_for_stream(stream._handle)
+        except BaseException:
+            staging.release()  # reused only once the stream has passed what was enqueued
+            raise
     fut = FetchFuture(shape, np.dtype(np.float32) if widen else np_dtype)
-    fut._notifier = done._notifier
-    done.add_done_callback(fut._settle)
+    fut._notifier = landed._notifier
+
+    def settle(done: Completion) -> None:  # on the stream's lane thread, once the copy has landed
+        try:
+            exc = done.exception(0)
+            if exc is None:
+                try:
+                    value = _copy_out(raw, np_dtype, shape, widen)
+                except BaseException as err:  # noqa: BLE001 - delivered to whoever awaits the future
+                    exc = err
+            if exc is None:
+                fut._set_result(value)
+            else:
+                fut._log_unretrieved = True
+                fut._set_exception(exc)
+        finally:
+            staging.release()
+
+    landed.add_done_callback(settle)
     return fut
 
 
