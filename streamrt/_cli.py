@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", dest="json_path", default=None, help="also write the results as JSON to this file")
     demo.add_argument("--no-plot", action="store_true", help="do not draw timeline.png")
     demo.add_argument("--compute-ops", type=int, default=8, help="compute ops per step (the stand-in for the step's matmuls; default 8)")
-    demo.add_argument("--compute-mib", type=int, default=48, help="MiB each compute op sets (default 48); keep it equal when comparing sim and GPU")
+    demo.add_argument("--compute-us", type=float, default=200.0, help="device time of each compute op, a spin kernel (default 200; 0: memsets)")
+    demo.add_argument("--compute-mib", type=int, default=48, help="MiB each compute op sets when memsets stand in (no kernel compiler, or --compute-us 0)")
 
     study = sub.add_parser("study", help="run a Python script with tracing on; write trace.json, timeline.png and a report")
     study.add_argument("script", help="the script to run (as __main__)")
@@ -84,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             json_path=args.json_path,
             compute_ops=args.compute_ops,
             compute_bytes=args.compute_mib << 20,
+            compute_us=args.compute_us,
         )
     if args.command == "study":
         from ._study import run_study

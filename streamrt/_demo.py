@@ -3,7 +3,10 @@
 The workload is a training step in miniature (DESIGN §9's microbenchmark):
 each step prepares the group-mode FMHA backward workspace (DESIGN §8) with one
 strategy, runs a block of "compute" on the same stream (a stand-in for the
-step's matmuls), then a consumer that reads the workspace. Strategies come
+step's matmuls: spin kernels of a set device time, or memsets where no kernel
+can be built), then a consumer that reads the workspace. The compute keeps the
+device busy longer than the host takes to enqueue a step, so on a GPU the
+step time measures the device, as in a real training step. Strategies come
 from the recipe (:data:`streamrt.recipes.fmha_bwd.pipeline.STRATEGIES`); ones
 the recipe or the device lacks are skipped with a note. ``none`` (compute and
 consumer only) is the baseline that "GPU time added" is measured against.
@@ -161,7 +164,7 @@ def _recipe_name(wanted: str, offered: Sequence[str]) -> str | None:
 class _Workload:
     """Buffers, the prepare and the per-step enqueue of one runtime."""
 
-    def __init__(self, rt: Runtime, stream: Any, *, compute_ops: int, compute_bytes: int, seed: int = 0) -> None:
+    def __init__(self, rt: Runtime, stream: Any, *, compute_ops: int, compute_bytes: int, compute_us: float, seed: int = 0) -> None:
         from .recipes.fmha_bwd import WorkspaceParams, reference_metadata
         from .recipes.fmha_bwd.pipeline import WorkspacePrepare
 
@@ -191,12 +194,28 @@ class _Workload:
         self.check_host = rt.host_allocator.allocate(self.region)
         self.activations = dev.allocate(compute_bytes, stream=stream)
         self.compute_ops = compute_ops
+        self.compute_us = compute_us if compute_us > 0 and _spin_kernel_works(rt, stream) else 0.0
         self.prep = WorkspacePrepare(rt, self.params, self.seq_q, self.seq_k, self.workspace)
         stream.synchronize()
 
+    @property
+    def compute_note(self) -> str:
+        if self.compute_us:
+            return f"{self.compute_ops} x spin kernel {self.compute_us:g} us"
+        return f"{self.compute_ops} x memset {self.activations.nbytes} B"
+
     def compute(self) -> None:
-        """The stand-in for the step's matmuls: device work on the main stream that does not need the workspace."""
+        """The stand-in for the step's matmuls: device work on the main stream that does not need the workspace.
+
+        Spin kernels of ``compute_us`` each (a known device time, the same on a GPU and the
+        simulator), or memsets of the activations where no kernel can be built.
+        """
         s = self.stream
+        if self.compute_us:
+            kernels = self.rt.kernels
+            for _ in range(self.compute_ops):
+                kernels.spin_sleep(s, self.compute_us)
+            return
         for i in range(self.compute_ops):
             s.memset(self.activations, i & 0xFF)
 
@@ -241,6 +260,16 @@ class _Workload:
             b.release()
 
 
+def _spin_kernel_works(rt: Runtime, stream: Any) -> bool:
+    """Whether the spin kernel can run here (it needs a kernel compiler on a GPU)."""
+    try:
+        rt.kernels.spin_sleep(stream, 1.0)
+        stream.synchronize()
+    except Exception:  # noqa: BLE001 - no compiler or no kernel support: memsets stand in
+        return False
+    return True
+
+
 def _timed_steps(w: _Workload, strategy: str, steps: int) -> list[float]:
     """Run ``steps`` steps; return each step's device time (µs) from timing events at step starts."""
     rt, s = w.rt, w.stream
@@ -267,11 +296,13 @@ def run_workload(
     trace_steps: int,
     compute_ops: int = 8,
     compute_bytes: int = 48 << 20,
+    compute_us: float = 200.0,
     progress: Progress | None = None,
-) -> tuple[list[StrategyResult], list[Trace]]:
-    """Measure ``strategies`` (plus the baseline) on ``rt``; return the rows and one trace per strategy."""
+) -> tuple[list[StrategyResult], list[Trace], str]:
+    """Measure ``strategies`` (plus the baseline) on ``rt``; return the rows, one trace per strategy and what the compute was."""
     s = rt.create_stream(name=MAIN)
-    w = _Workload(rt, s, compute_ops=compute_ops, compute_bytes=compute_bytes)
+    w = _Workload(rt, s, compute_ops=compute_ops, compute_bytes=compute_bytes, compute_us=compute_us)
+    compute_note = w.compute_note
     variants = [BASELINE, *strategies]
     try:
         for v in variants:  # warm-up: allocator caches, worker threads, graph capture
@@ -323,7 +354,7 @@ def run_workload(
                 step_spread_us=round(max(times[v]) - min(times[v]), 3),
             )
         )
-    return rows, [traces[v] for v in variants]
+    return rows, [traces[v] for v in variants], compute_note
 
 
 def run_demo(
@@ -339,12 +370,13 @@ def run_demo(
     json_path: str | None = None,
     compute_ops: int = 8,
     compute_bytes: int = 48 << 20,
+    compute_us: float = 200.0,
     out: IO[str] | None = None,
 ) -> int:
     """Run the demo and print the comparison; returns the exit status (0 ok, 1 a strategy computed wrong metadata)."""
     out = out or sys.stdout
-    if compute_ops < 1 or compute_bytes < 1:
-        raise ValueError("the demo needs at least one compute op of at least one byte")
+    if compute_ops < 1 or compute_bytes < 1 or compute_us < 0:
+        raise ValueError("the demo needs at least one compute op of at least one byte, and compute_us >= 0")
     options: dict[str, Any] = {}
     if profile is not None:
         if backend not in ("sim", "auto"):
@@ -364,7 +396,7 @@ def run_demo(
         print(f"streamrt demo on {rt.backend_name}: {caps.device_name} ({caps.architecture})", file=out)
         print(
             f"workload: group-mode FMHA bwd workspace prepare + {compute_ops} compute ops "
-            f"(memset of {compute_bytes >> 20} MiB each, a stand-in for the step's matmuls) + a consumer; "
+            "(a stand-in for the step's matmuls) + a consumer; "
             f"{rounds} round(s) x {steps} steps per strategy, interleaved",
             file=out,
         )
@@ -372,20 +404,21 @@ def run_demo(
             print(f"  skipping {i.name}: {i.note}", file=out)
         total = (len(runnable) + 1) * (2 + rounds)
         with Progress(total, "demo", stream=sys.stderr) as bar:
-            rows, traces = run_workload(
+            rows, traces, compute_note = run_workload(
                 rt, runnable, steps=steps, warmup=warmup, rounds=rounds, trace_steps=trace_steps,
-                compute_ops=compute_ops, compute_bytes=compute_bytes, progress=bar,
+                compute_ops=compute_ops, compute_bytes=compute_bytes, compute_us=compute_us, progress=bar,
             )  # fmt: skip
         result = DemoResult(
             backend=rt.backend_name,
             device_name=caps.device_name,
             clock="virtual" if simulated else "events",
-            compute=f"{compute_ops} x memset {compute_bytes} B",
+            compute=compute_note,
             results=tuple(rows),
             skipped=skipped,
         )
     print("", file=out)
     print(result.table(), file=out)
+    print(f"compute per step: {result.compute}", file=out)
     print("", file=out)
     print(
         "step us: median device time per step (virtual on the simulator); GPU time added: vs the 'none' baseline; "

@@ -5,11 +5,12 @@ a GPU (the reference) and one from the simulator running a profile calibrated
 on that GPU (``streamrt calibrate``). Per strategy it puts the GPU time added
 per step side by side and checks
 
-* the prediction error: ``|sim - gpu| <= tolerance * |gpu|`` (±25 % by
-  default). A GPU figure is itself a median with a spread: where ``|gpu|`` is
-  smaller than the GPU's own step spread for that strategy (the max - min of
-  its per-round medians), a relative error means nothing, and the row is
-  checked against that spread instead; such rows say so (``within noise``);
+* the prediction error: ``|sim - gpu| <= tolerance * max(|gpu|, floor)``
+  (±25 % by default), where ``floor`` is ``floor_fraction`` (5 %) of the
+  GPU's baseline step time. The floor matters only for strategies that add
+  almost nothing (a fork that hides the prepare): a relative error of a
+  near-zero figure means nothing, so such a row is judged against 25 % of 5 %
+  of the step instead, and says so (``near zero``);
 * the ranking: the strategies sorted by added time, GPU order against
   simulator order.
 
@@ -34,13 +35,12 @@ class FidelityRow:
     strategy: str
     gpu_added_us: float
     sim_added_us: float
-    gpu_spread_us: float
-    error: float | None  # (sim - gpu) / |gpu|; None when |gpu| is under the spread
+    error: float | None  # (sim - gpu) / |gpu|; None when |gpu| is under the floor
     within: bool
 
     @property
     def basis(self) -> str:
-        return "relative" if self.error is not None else "within noise"
+        return "relative" if self.error is not None else "near zero"
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,7 @@ class FidelityReport:
     gpu_ranking: tuple[str, ...]
     sim_ranking: tuple[str, ...]
     tolerance: float
+    floor_us: float
     gpu_device: str
     sim_device: str
 
@@ -67,15 +68,14 @@ class FidelityReport:
         return self.all_within and self.same_ranking
 
     def table(self) -> str:
-        head = ("strategy", "GPU added us", "sim added us", "GPU spread us", "error", f"within ±{self.tolerance:.0%}")
+        head = ("strategy", "GPU added us", "sim added us", "error", f"within ±{self.tolerance:.0%}")
         body = [
             (
                 r.strategy,
                 f"{r.gpu_added_us:+.1f}",
                 f"{r.sim_added_us:+.1f}",
-                f"{r.gpu_spread_us:.1f}",
                 f"{r.error:+.1%}" if r.error is not None else "n/a",
-                ("yes" if r.within else "NO") + ("" if r.error is not None else " (within noise)" if r.within else " (beyond noise)"),
+                ("yes" if r.within else "NO") + ("" if r.error is not None else f" (near zero: ±{self.tolerance * self.floor_us:.1f} us)"),
             )
             for r in self.rows
         ]
@@ -99,15 +99,15 @@ def _strategies(result: dict[str, Any], what: str) -> dict[str, dict[str, Any]]:
     return rows
 
 
-def compare_demos(gpu: dict[str, Any], sim: dict[str, Any], *, tolerance: float = 0.25) -> FidelityReport:
+def compare_demos(gpu: dict[str, Any], sim: dict[str, Any], *, tolerance: float = 0.25, floor_fraction: float = 0.05) -> FidelityReport:
     """Compare a GPU demo result with a simulated one (both as written by ``streamrt demo --json``).
 
     Raises ``ValueError`` when either is not a demo result, when the GPU one
     ran on a virtual clock or the simulated one did not, or when they share
     no strategy besides the baseline.
     """
-    if not tolerance > 0:
-        raise ValueError(f"tolerance must be positive, got {tolerance}")
+    if not tolerance > 0 or not floor_fraction >= 0:
+        raise ValueError(f"tolerance must be positive and floor_fraction not negative, got {tolerance}, {floor_fraction}")
     if gpu.get("clock") == "virtual":
         raise ValueError("the GPU file comes from the simulator (virtual clock): pass a GPU run first")
     if sim.get("clock") != "virtual":
@@ -116,21 +116,18 @@ def compare_demos(gpu: dict[str, Any], sim: dict[str, Any], *, tolerance: float 
     names = [n for n in g if n in s and n != BASELINE]
     if not names:
         raise ValueError("the two results share no strategy besides the baseline")
+    floor = floor_fraction * float(g[BASELINE]["step_us"])
     rows = []
     for n in names:
         ga, sa = float(g[n]["added_us"]), float(s[n]["added_us"])
-        spread = float(g[n].get("step_spread_us", 0.0))
-        if abs(ga) > spread:
-            err: float | None = (sa - ga) / abs(ga)
-            within = abs(sa - ga) <= tolerance * abs(ga)
-        else:
-            err, within = None, abs(sa - ga) <= spread
-        rows.append(FidelityRow(n, ga, sa, spread, err, within))
+        err = (sa - ga) / abs(ga) if abs(ga) >= floor and ga != 0 else None
+        rows.append(FidelityRow(n, ga, sa, err, abs(sa - ga) <= tolerance * max(abs(ga), floor)))
     return FidelityReport(
         rows=tuple(rows),
         gpu_ranking=tuple(sorted(names, key=lambda n: float(g[n]["added_us"]))),
         sim_ranking=tuple(sorted(names, key=lambda n: float(s[n]["added_us"]))),
         tolerance=tolerance,
+        floor_us=floor,
         gpu_device=f"{gpu.get('backend')}: {gpu.get('device_name')}",
         sim_device=f"{sim.get('backend')}: {sim.get('device_name')}",
     )
