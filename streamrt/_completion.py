@@ -878,7 +878,7 @@ class CompletionEngine:
         completion._notifier = self._notifier
         return completion
 
-    def host_call(self, stream: int, fn: Callable[..., Any], args: tuple[Any, ...] = ()) -> Completion:
+    def host_call(self, stream: int, fn: Callable[..., Any], args: tuple[Any, ...] = (), *, capture_checked: bool = False) -> Completion:
         """Run the Python ``fn(*args)`` in stream order on a runtime worker thread.
 
         Enqueues two native host functions on ``stream``: ``sem_post(ready)``
@@ -890,13 +890,15 @@ class CompletionEngine:
         reaching the call, ``fn`` never runs and the Completion gets the
         error. ``fn`` must not call HIP/CUDA, and a long ``fn`` blocks its
         stream. Raises ``CaptureError`` if ``stream`` is capturing (use
-        :meth:`host_slot` for graphs).
+        :meth:`host_slot` for graphs). ``capture_checked``: the caller has just
+        checked that ``stream`` is not capturing (a pipeline launch), so the
+        check is not repeated.
         """
         self._check_open()
         if not callable(fn):
             raise TypeError(f"host function must be callable, got {type(fn).__name__}")
         backend = self._backend
-        if backend.stream_is_capturing(stream):
+        if not capture_checked and backend.stream_is_capturing(stream):
             raise CaptureError(
                 "host_call cannot be captured: a captured host node must re-run on every replay; "
                 "use CompletionEngine.host_slot (pipelines do this in Pipeline.capture)"

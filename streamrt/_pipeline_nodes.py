@@ -298,7 +298,8 @@ class HostNode(Node):
             slot = ctx.slots[self._name]
             slot.capture(stream._handle)
         else:
-            ctx.host.append((self._name, engine.host_call(stream._handle, self.fn, self.args)))
+            # launch() checked that no stream of the launch is capturing
+            ctx.host.append((self._name, engine.host_call(stream._handle, self.fn, self.args, capture_checked=True)))
         for b, _ in self._reads:
             b.note_stream(stream)
         for b, _ in self._writes:
