@@ -201,8 +201,14 @@ def error_string(code: int) -> str:
 
 
 def _error(code: int, call: str, requested: int | None = None) -> StreamRTError:
-    """The streamrt error for a failed HIP call (see :func:`_check`)."""
+    """The streamrt error for a failed HIP call (see :func:`_check`).
+
+    Clears the calling thread's HIP last error: the failure is reported here,
+    and must not surface again in another library that checks
+    ``hipGetLastError`` after its own calls (PyTorch does, after every launch).
+    """
     code = int(code)
+    _hip.hipGetLastError()
     name = error_name(code)
     message = error_string(code)
     if code == _OUT_OF_MEMORY:
@@ -227,7 +233,8 @@ def _check(code: int, call: str, requested: int | None = None) -> None:
     ``hipErrorOutOfMemory`` raises :class:`OutOfMemoryError`, stream-capture
     errors raise :class:`CaptureError` (caused by the :class:`BackendError`),
     every other code raises :class:`BackendError`. Hot paths test ``if err:``
-    first, so a successful call costs no function call.
+    first, so a successful call costs no function call. A failure clears the
+    thread's HIP last error (see :func:`_error`).
     """
     if code:
         raise _error(code, call, requested)

@@ -171,3 +171,32 @@ def test_unknown_backend_name() -> None:
 def test_device_out_of_range(backend) -> None:
     with pytest.raises(ValueError, match="does not exist"):
         srt.open_runtime(backend, device=4096)
+
+
+def _peek_last_error(rt: srt.Runtime) -> int | None:
+    """The calling thread's runtime-API last error, without clearing it (``None`` on the simulator)."""
+    if rt.backend_name == "cuda":
+        from cuda.bindings import runtime as cudart
+
+        return int(cudart.cudaPeekAtLastError()[0])
+    if rt.backend_name == "hip":
+        from hip import hip
+
+        result = hip.hipPeekAtLastError()
+        return int(result[0] if isinstance(result, tuple) else result)
+    return None
+
+
+def test_a_failed_backend_call_leaves_no_last_error_behind(rt: srt.Runtime) -> None:
+    """The error is raised once, by streamrt: the thread's last error is clear afterwards, so a library
+    that checks it after its own calls (PyTorch does) does not report streamrt's failure as its own."""
+    if rt.capabilities.is_simulated:
+        pytest.skip("the simulator has no runtime-API last error")
+    a, b = rt.backend.event_create(timing=True), rt.backend.event_create(timing=True)
+    try:
+        with pytest.raises(srt.BackendError):
+            rt.backend.event_elapsed_ms(a, b)  # never recorded: an error from the runtime API
+        assert _peek_last_error(rt) == 0
+    finally:
+        rt.backend.event_destroy(a)
+        rt.backend.event_destroy(b)
