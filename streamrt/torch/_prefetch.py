@@ -255,11 +255,13 @@ class Prefetcher(Iterator[Any]):
     def _stage(self, host: Any) -> _Staged:
         rt, ctx, stream = self._rt, self._ctx, self._stream
         plan: list[tuple[np.ndarray, Any, tuple[int, ...], int]] = []  # (bytes, torch dtype, shape, offset)
+        staged_leaves: list[bool] = []  # per leaf, in visiting order: staged (else passed through)
         total = 0
 
         def collect(leaf: Any) -> Any:
             nonlocal total
             staged = _host_leaf(rt, leaf)
+            staged_leaves.append(staged is not None)
             if staged is None:
                 return leaf
             raw, dtype, shape = staged
@@ -287,9 +289,16 @@ class Prefetcher(Iterator[Any]):
         self._staged_bytes += total
         if tensor is None:
             return _Staged(host, event, None, None, 0)
-        views = iter([tensor[off : off + raw.nbytes].view(dtype).view(shape) for raw, dtype, shape, off in plan])
-        batch = map_leaves(host, lambda leaf: leaf if _passes_through(rt, leaf) else next(views))
+        views = iter([_typed_view(tensor[off : off + raw.nbytes], dtype, shape) for raw, dtype, shape, off in plan])
+        staged_flags = iter(staged_leaves)
+        batch = map_leaves(host, lambda leaf: next(views) if next(staged_flags) else leaf)
         return _Staged(batch, event, tensor, block, total)
+
+
+def _typed_view(raw: Any, dtype: Any, shape: tuple[int, ...]) -> Any:
+    """The uint8 tensor ``raw`` viewed as ``dtype`` and ``shape`` (one torch call for a 1-D leaf)."""
+    typed = raw.view(dtype)
+    return typed if len(shape) == 1 else typed.view(shape)
 
 
 def _passes_through(rt: Runtime, leaf: Any) -> bool:
@@ -312,7 +321,9 @@ def _host_leaf(rt: Runtime, leaf: Any) -> tuple[np.ndarray, Any, tuple[int, ...]
     if leaf.device.type != "cpu":
         raise TypeError(f"cannot prefetch a tensor on {leaf.device}")
     torch = torch_module()
-    t = leaf.detach()
+    t = leaf.detach() if leaf.requires_grad else leaf
     if not t.is_contiguous():
         t = t.contiguous()
-    return t.reshape(-1).view(torch.uint8).numpy(), t.dtype, tuple(int(d) for d in t.shape)
+    # numpy does the reshaping (a torch call costs microseconds); it has no bfloat16: read its bits as int16
+    arr = t.view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
+    return arr.reshape(-1).view(np.uint8), t.dtype, arr.shape
