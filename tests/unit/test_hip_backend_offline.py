@@ -110,12 +110,20 @@ def _fake_hip(device_count: object) -> types.SimpleNamespace:
         assert isinstance(device_count, tuple)
         return device_count
 
-    return types.SimpleNamespace(
+    fake = types.SimpleNamespace(
         hipError_t=_FakeHipError,
         hipGetErrorName=lambda err: (_FakeHipError.hipSuccess, err.name.encode()),
         hipGetErrorString=lambda err: (_FakeHipError.hipSuccess, _FAKE_TEXT[int(err)].encode()),
         hipGetDeviceCount=hipGetDeviceCount,
+        last_error_reads=0,
     )
+
+    def hipGetLastError() -> object:  # noqa: N802 (HIP's name)
+        fake.last_error_reads += 1
+        return _FakeHipError.hipSuccess
+
+    fake.hipGetLastError = hipGetLastError
+    return fake
 
 
 @pytest.fixture
@@ -159,6 +167,7 @@ def test_check_raises_backend_error_with_code_name_and_call(fake_hip: types.Simp
     err = info.value
     assert (err.backend, err.code, err.name, err.call) == ("hip", 400, "hipErrorInvalidHandle", "hipStreamDestroy")
     assert "invalid resource handle" in str(err)
+    assert fake_hip.last_error_reads == 1  # the thread's last error was cleared
 
 
 def test_check_turns_out_of_memory_into_out_of_memory_error(fake_hip: types.SimpleNamespace) -> None:
