@@ -35,6 +35,10 @@ sync_wake_us                op it enqueued, minus one API call: the sum of wake-
                             latency, split 4:3 (the default profile's ratio)
 host_func_start_us          launch of a ``sem_post`` host function on an idle stream -> the host
                             thread waiting on it wakes, minus launch latency and wake-up (GPU only)
+python_host_call_us         stream time of a no-op Python host function run on the runtime's
+                            worker (between two event records), minus two native host functions
+charge_host_time            set on a GPU: the simulator then charges the host's real Python time
+                            between backend calls, as the calibrated GPU's host would spend it
 ==========================  =====================================================================
 
 Kept from the defaults (not measurable here): ``kernel_default_us`` (needs a
@@ -191,6 +195,10 @@ class _Bench:
             self.dummy.destroy()
 
 
+def _noop() -> None:
+    """The Python host function whose stall calibrate measures."""
+
+
 def _fit(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
     """Least-squares ``t = c + n * k``: returns (intercept µs, GB/s = 1 / (k * 1e3))."""
     xs = [float(n) for n, _ in points]
@@ -315,6 +323,20 @@ def calibrate(rt: Runtime, *, repeats: int = 5, quick: bool = False, progress: P
         extra = bench.event()
         measured["event_record_us"] = med(period(lambda: b.event_record(extra, s)))
 
+        # -- a Python host function on the runtime's worker: its stream time beyond two native ones -------------
+        engine = rt._engine
+
+        def python_host_call() -> float:
+            def body() -> None:
+                b.event_record(e[0], s)
+                engine.host_call(s, _noop, (), capture_checked=True)
+                b.event_record(e[1], s)
+
+            bench.gated(body, 4)
+            return bench.elapsed_us(e[0], e[1])
+
+        measured["python_host_call_stall_us"] = med(python_host_call)
+
         # -- wake-up + launch latency: the device gap around a host synchronize ---------------------------------
         def turnaround() -> float:
             b.memset_async(dev, 0, 1, s)
@@ -367,6 +389,8 @@ def calibrate(rt: Runtime, *, repeats: int = 5, quick: bool = False, progress: P
         "h2h_gbps": round(measured["h2h_gbps"], 3),
         "host_func_us": round(measured["host_func_us"], 3),
         "event_record_us": round(max(measured["event_record_us"], 0.0), 3),
+        "python_host_call_us": round(max(measured["python_host_call_stall_us"] - 2.0 * measured["host_func_us"], 0.0), 3),
+        "charge_host_time": not bench.virtual,
         "launch_latency_us": round(launch, 3),
         "sync_wake_us": round(wake, 3),
     }
@@ -384,6 +408,8 @@ def calibrate(rt: Runtime, *, repeats: int = 5, quick: bool = False, progress: P
             "h2h_gbps": "line through 3 sizes (pinned)",
             "host_func_us": "period of native no-op host functions",
             "event_record_us": "period of event records",
+            "python_host_call_us": f"stall of a no-op Python host call {measured['python_host_call_stall_us']:.3f} us - 2 x host_func_us",
+            "charge_host_time": "on: the simulator charges the host's real Python time (off when calibrating a simulator)",
             "launch_latency_us": f"sync turnaround {measured['sync_turnaround_us']:.3f} us - api, x 4/7",
             "sync_wake_us": f"sync turnaround {measured['sync_turnaround_us']:.3f} us - api, x 3/7",
         }

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._errors import CaptureError, ClosedError
-from ._hostcall import HostChannel, HostRequest, HostSlot, switch_interval_guard
+from ._hostcall import HostChannel, HostRequest, HostSlot, HostWorkEstimates, switch_interval_guard
 from ._watchdog import Watchdog
 
 if TYPE_CHECKING:
@@ -727,6 +727,8 @@ class CompletionEngine:
         self._retired_gone = [0, 0, 0]  # retired, failed, batches of released lanes
         self._max_batch_gone = 0
         self._notifier = _LoopNotifier()
+        # On a simulator, Python host functions are timed so that simulated streams wait as long.
+        self._host_work = HostWorkEstimates() if callable(getattr(backend, "expect_host_work", None)) else None
         self._watchdog_interval = watchdog_interval
         self._watchdog_threshold = watchdog_threshold
         self._watchdog: Watchdog | None = None  # started with the first lane
@@ -961,6 +963,11 @@ class CompletionEngine:
             if channel is None:
                 channel = self._channels[stream] = HostChannel(self, stream)
         return channel
+
+    def _announce_host_work(self, fn: Callable[..., Any]) -> None:
+        """Before the ``sem_wait(done)`` of a Python host call: tell a simulator how long ``fn`` runs."""
+        if self._host_work is not None:
+            self._backend.expect_host_work(self._host_work.for_function(fn))
 
     def _python_call_started(self) -> None:
         with self._lock:

@@ -42,6 +42,12 @@ the previous value when none is. This is a global interpreter setting that
 streamrt touches; pass ``python_host_switch_interval=None`` to the runtime to
 leave it alone. A value the user sets meanwhile is never overwritten.
 
+Simulated time. On the simulator (a backend with ``expect_host_work``) the
+worker also times each run of ``fn`` into a :class:`HostWorkEstimate` per
+function, and the ``sem_wait(done)`` host function is announced to the
+simulator with it, so the simulated stream is held for about as long as the
+function really takes (a GPU stream simply waits for it).
+
 Graph capture. A captured host node must re-run the Python function on every
 replay, so it cannot use the per-stream FIFO of eager calls (a replay does not
 go through :meth:`~CompletionEngine.host_call`). :class:`HostSlot` is one
@@ -56,6 +62,8 @@ import itertools
 import logging
 import sys
 import threading
+import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -149,6 +157,48 @@ class HostRequest:
         self.exc: BaseException | None = None
 
 
+class HostWorkEstimates:
+    """The :class:`HostWorkEstimate` of each Python host function.
+
+    Keyed weakly by the function (a bound method by its function), so it keeps
+    no callable alive; a callable that takes no weak reference (a builtin)
+    gets a fresh estimate each time (its runs are not remembered).
+    """
+
+    def __init__(self) -> None:
+        self._by_function: weakref.WeakKeyDictionary[Any, HostWorkEstimate] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def for_function(self, fn: Callable[..., Any]) -> HostWorkEstimate:
+        key = getattr(fn, "__func__", fn)
+        with self._lock:
+            try:
+                est = self._by_function.get(key)
+                if est is None:
+                    est = self._by_function[key] = HostWorkEstimate()
+            except TypeError:
+                return HostWorkEstimate()
+        return est
+
+
+class HostWorkEstimate:
+    """How long one Python host function runs (CPU time of its worker), as measured: ``us``, a running mean.
+
+    The mean of the first 8 runs, then an exponential average with weight 1/8
+    for the newest run. Written by worker threads, read by the simulator.
+    """
+
+    __slots__ = ("runs", "us")
+
+    def __init__(self) -> None:
+        self.us = 0.0
+        self.runs = 0
+
+    def add(self, us: float) -> None:
+        self.runs += 1
+        self.us += (us - self.us) / min(self.runs, 8)
+
+
 def _call(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, BaseException | None]:
     try:
         return fn(*args), None
@@ -178,9 +228,11 @@ class _Worker:
             self._engine._register_thread(self._thread)
             self._thread.start()
 
-    def _enqueue_native(self, stream: int) -> None:
-        backend = self._engine._backend
+    def _enqueue_native(self, stream: int, fn: Callable[..., Any]) -> None:
+        engine = self._engine
+        backend = engine._backend
         backend.launch_host_func(stream, SEM_POST_ADDRESS, self.ready.address)
+        engine._announce_host_work(fn)
         backend.launch_host_func(stream, SEM_WAIT_ADDRESS, self.done.address)
 
     # -- bookkeeping -----------------------------------------------------------
@@ -284,7 +336,13 @@ class _Worker:
                 req.fn = None
                 req.args = ()
                 if fn is not None:
-                    req.value, req.exc = _call(fn, args)
+                    estimates = self._engine._host_work
+                    if estimates is None:
+                        req.value, req.exc = _call(fn, args)
+                    else:
+                        t0 = time.thread_time()  # CPU time: waiting for the GIL is not the function's run time
+                        req.value, req.exc = _call(fn, args)
+                        estimates.for_function(fn).add((time.thread_time() - t0) * 1e6)
                     req.ran = True
                     self._ran(req)
                 del fn, args  # dropped here, on the worker thread
@@ -343,6 +401,7 @@ class HostChannel(_Worker):
                 self._finish(req)
                 raise
             try:
+                self._engine._announce_host_work(fn)
                 backend.launch_host_func(self.stream, SEM_WAIT_ADDRESS, self.done.address)
             except BaseException as exc:
                 req.post_done = False  # `ready` will still be posted: the worker skips fn, posts nothing
@@ -411,7 +470,7 @@ class HostSlot(_Worker):
         """Enqueue the slot's two native host functions on ``stream`` (normally capturing)."""
         self._check_open()
         self._start()
-        self._enqueue_native(stream)
+        self._enqueue_native(stream, self._fn)
 
     def arm(self) -> Completion:
         """Expect one more run; returns the Completion of that run. Call before each launch."""

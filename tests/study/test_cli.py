@@ -141,7 +141,7 @@ def test_study_of_a_failing_script_still_writes_what_was_traced(tmp_path: Path, 
 def test_calibrate_recovers_the_simulators_own_profile(tmp_path: Path) -> None:
     """Calibrating the simulator must give back the profile it runs with: the procedure is right."""
     target = SimProfile(h2d_gbps=40.0, d2h_gbps=30.0, memset_gbps=1500.0, host_func_us=35.0, op_gap_us=3.0, op_fixed_us=1.5,
-                        launch_latency_us=8.0, sync_wake_us=6.0, api_call_us=1.5)  # fmt: skip
+                        launch_latency_us=8.0, sync_wake_us=6.0, api_call_us=1.5, python_host_call_us=30.0)  # fmt: skip
     with srt.open_runtime("sim", profile=target) as rt:
         cal = calibrate(rt, repeats=1)
     got = cal.profile
@@ -149,6 +149,9 @@ def test_calibrate_recovers_the_simulators_own_profile(tmp_path: Path) -> None:
                  "launch_latency_us", "sync_wake_us", "api_call_us", "event_record_us"):  # fmt: skip
         assert getattr(got, name) == pytest.approx(getattr(target, name), rel=0.02, abs=1e-3), name
     assert "calibrated" in got.name
+    # a no-op Python function also takes a few real microseconds, which the simulator charges
+    assert target.python_host_call_us <= got.python_host_call_us < target.python_host_call_us + 20.0
+    assert got.charge_host_time is False  # calibrating a simulator keeps its times deterministic
 
 
 def test_calibrate_command_writes_a_profile_the_simulator_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

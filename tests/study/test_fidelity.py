@@ -36,8 +36,16 @@ def test_a_row_off_by_more_than_the_tolerance_fails() -> None:
 
 
 def test_a_different_ranking_fails_even_when_each_row_is_close() -> None:
-    rep = compare_demos(_demo("events", {"a": 100.0, "b": 110.0}), _demo("virtual", {"a": 115.0, "b": 100.0}))
+    rep = compare_demos(_demo("events", {"a": 100.0, "b": 130.0}), _demo("virtual", {"a": 120.0, "b": 110.0}))
     assert rep.all_within and not rep.same_ranking and not rep.met
+    assert rep.misordered == (("a", "b"),)
+    assert "misordered" in rep.table()
+
+
+def test_strategies_within_the_margin_on_the_gpu_are_tied() -> None:
+    """1000 us baseline: floor 50 us, margin 12.5 us. 100 and 110 are tied; either order passes."""
+    rep = compare_demos(_demo("events", {"a": 100.0, "b": 110.0}), _demo("virtual", {"a": 115.0, "b": 100.0}))
+    assert rep.same_ranking and rep.met
 
 
 def test_a_near_zero_figure_is_judged_against_the_floor() -> None:
@@ -74,6 +82,6 @@ def test_command_compares_two_demo_runs(tmp_path: Path, capsys: pytest.CaptureFi
     gpu_path.write_text(json.dumps(gpu))
     assert main(["fidelity", str(gpu_path), str(sim_path)]) == 0
     out = capsys.readouterr().out
-    assert "same ranking: yes" in out
+    assert "same ranking (ties within" in out and "): yes;" in out
     for name in ("sync", "stream", "fork", "graph"):
         assert name in out

@@ -425,6 +425,7 @@ class SimBackend(MemoryCalls, GraphCalls, KernelCalls):
         """Enqueue the native ``void fn(void*)``; it runs on the device's callback thread in stream order."""
         call = "launch_host_func"
         tls = self._enter(call)
+        estimate, tls.host_work = tls.host_work, None
         fp = check_count(fn_ptr, "fn_ptr", call)
         if fp == 0:
             fail(C.INVALID_VALUE, "fn_ptr is NULL", call)
@@ -433,18 +434,39 @@ class SimBackend(MemoryCalls, GraphCalls, KernelCalls):
             s = self._stream(stream, tls, call)
             cfn = self._hostfn(fp)
             p = self._profile
+            duration = p.host_func_us
+            if estimate is not None:
+                duration += p.python_host_call_us
+                if not self._charge_host_time:
+                    estimate = None  # deterministic times: the model's cost alone
             if s.capture is not None:
-                self._capture_node(tls, s, "host_func", call, duration_us=p.host_func_us, fn=cfn, args=(ud,), host=True)
+                self._capture_node(
+                    tls, s, "host_func", call, duration_us=duration, fn=cfn, args=(ud,), host=True, estimate=estimate
+                )
                 return
             hzinfo = None
             if self._hz is not None:
                 vc = self._hz.stream_clock(s)
                 epoch = self._hz.next_epoch(s.key, vc)
                 hzinfo = (s.key, dict(vc), epoch)
-            op = self._enqueue(
-                tls, s, "host_func", self._next_seq(), duration=p.host_func_us, work=True, fn=cfn, args=(ud,), host=True
-            )
+            if estimate is not None:
+                duration += estimate.us
+            op = self._enqueue(tls, s, "host_func", self._next_seq(), duration=duration, work=True, fn=cfn, args=(ud,), host=True)
             op.hz = hzinfo
+
+    def expect_host_work(self, estimate: Any) -> None:
+        """Simulator only: the next host function this thread launches waits for Python host work.
+
+        The runtime calls it before enqueueing the ``sem_wait`` host function
+        that holds a stream while its worker runs a Python function.
+        ``estimate.us`` is the runtime's live estimate of that function's run
+        time: the host function then occupies its stream for ``host_func_us +
+        python_host_call_us``, plus ``estimate.us`` when the profile has
+        ``charge_host_time`` (read now; a captured node reads it at every
+        replay). Not part of the backend protocol: GPU backends have no such
+        call, since their host functions take the time they take.
+        """
+        self._tls.host_work = estimate
 
     # == errors and lifetime ========================================================================
     def error_name(self, code: int) -> str:
@@ -521,8 +543,11 @@ class SimBackend(MemoryCalls, GraphCalls, KernelCalls):
             return self._devices[device].time_us
 
     def host_now_us(self) -> float:
-        """The calling thread's host virtual time, µs."""
-        return self._tls.host_us
+        """The calling thread's host virtual time, µs (with ``charge_host_time``, its real work so far included)."""
+        tls = self._tls
+        if self._charge_host_time:
+            self._charge_real(tls)
+        return tls.host_us
 
     def advance_host_clock(self, us: float) -> float:
         """Model ``us`` of host work on the calling thread's virtual clock; returns the new time."""

@@ -15,6 +15,7 @@ import ctypes
 import functools
 import operator
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -65,6 +66,8 @@ class ThreadState(threading.local):
         self.host_us = 0.0
         self.role: str | None = None
         self.name = threading.current_thread().name
+        self.host_work: Any = None  # expect_host_work: an estimate for the next host function
+        self.real_mark = 0.0  # charge_host_time: perf_counter at the previous backend call (0: none yet)
 
 
 class StreamState:
@@ -250,6 +253,7 @@ class SimCore:
         self._hostfns: dict[int, Any] = {}
         # cost-model constants read on the hot paths
         self._api_us = profile.api_call_us
+        self._charge_host_time = profile.charge_host_time
         self._launch_us = profile.launch_latency_us
         self._gap_us = profile.op_gap_us
         self._memset_fixed_us = profile.op_fixed_us
@@ -282,6 +286,27 @@ class SimCore:
         if self._closed:
             fail(C.DEINITIALIZED, "the sim backend is closed", call)
         return tls
+
+    def _charge_real(self, tls: ThreadState) -> None:
+        """``charge_host_time``: add the thread's host work since its previous backend call to its clock.
+
+        Host work is the thread's CPU time (``time.thread_time``), not wall
+        time: time blocked, or waiting for the GIL while the simulator's own
+        threads run Python, is not host work a GPU program would do. Less the
+        ``api_call_us`` the call is charged anyway (so a clock never moves by
+        less than the model's cost per call). :meth:`_mark_real` at the end
+        of the call leaves the simulator's own work out.
+        """
+        now = time.thread_time()
+        if tls.real_mark:
+            spent = (now - tls.real_mark) * 1e6 - self._api_us
+            if spent > 0:
+                tls.host_us += spent
+        tls.real_mark = now
+
+    def _mark_real(self, tls: ThreadState) -> None:
+        """``charge_host_time``: the thread's host work starts again now (the end of a backend call)."""
+        tls.real_mark = time.thread_time()
 
     def _new_handle(self, base: int) -> int:
         n = self._counters[base] + 1
@@ -323,6 +348,8 @@ class SimCore:
         return device
 
     def _charge(self, tls: ThreadState) -> float:
+        if self._charge_host_time:
+            self._charge_real(tls)
         tls.host_us += self._profile.api_call_us
         return tls.host_us
 
@@ -347,6 +374,8 @@ class SimCore:
         wait_us: float = 0.0,
     ) -> Op:
         """Time, link and submit one eager op on ``s``. Lock held."""
+        if self._charge_host_time:
+            self._charge_real(tls)
         issue = tls.host_us = tls.host_us + self._api_us
         start = issue + self._launch_us
         if s.tail_us > start:
@@ -376,6 +405,8 @@ class SimCore:
             op.depend_on(wait_op)
         s.last_op = op
         self._sched.submit(op)
+        if self._charge_host_time:
+            self._mark_real(tls)
         return op
 
     def _capture_node(self, tls: ThreadState, s: StreamState, kind: str, call: str, **fields: Any) -> Node:
@@ -453,13 +484,22 @@ class SimCore:
             hz.device_access(s.key, hz.stream_clock(s), accesses, f"{kind}#{seq} on stream {s.handle:#x}", call)
 
     def _wait(self, tls: ThreadState, ops: list[Op], done_us: float, call: str) -> None:
-        """Block until ``ops`` complete and advance the host clock. Lock NOT held."""
+        """Block until ``ops`` complete and advance the host clock. Lock NOT held.
+
+        With ``charge_host_time`` the host work before the wait is charged first,
+        and the real time spent blocked is not: the model's wake-up stands for it.
+        """
+        charge = self._charge_host_time
+        if charge:
+            self._charge_real(tls)
         if ops and not self._sched.wait(ops):
             fail(C.DEINITIALIZED, "the sim backend was closed while waiting; queued work was abandoned", call)
         p = self._profile
         t = tls.host_us + p.api_call_us
         woke = done_us + p.sync_wake_us
         tls.host_us = woke if woke > t else t
+        if charge:
+            self._mark_real(tls)
 
     def _raise_async_error(self, device: int, call: str) -> None:
         with self._lock:

@@ -56,6 +56,8 @@ class Node:
         fn, args, host: the payload; ``host`` runs it on the callback thread.
         refs: objects kept alive as long as the node (allocations, twin objects).
         accesses: memory accesses for hazard checking.
+        estimate: for the host function that waits for a Python host node, the runtime's
+            live estimate of the function's run time (its ``us``, read at every replay).
     """
 
     __slots__ = (
@@ -74,6 +76,7 @@ class Node:
         "host",
         "refs",
         "accesses",
+        "estimate",
     )
 
     def __init__(
@@ -94,6 +97,7 @@ class Node:
         host: bool = False,
         refs: Any = None,
         accesses: tuple[AccessSpec, ...] = (),
+        estimate: Any = None,
     ) -> None:
         self.index = index
         self.kind = kind
@@ -108,6 +112,7 @@ class Node:
         self.fn = fn
         self.args = args
         self.host = host
+        self.estimate = estimate
         self.refs = refs
         self.accesses = accesses
 

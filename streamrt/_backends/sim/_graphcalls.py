@@ -230,6 +230,8 @@ class GraphCalls(SimCore):
                     epoch = self._hz.next_epoch(s.key, vc)
                 hzinfo = (s.key, dict(vc), epoch)
             dev = self._devices[s.device]
+            if self._charge_host_time:
+                self._charge_real(tls)
             issue = tls.host_us = tls.host_us + p.api_call_us
             base = max(issue + p.launch_latency_us, s.tail_us, s.work_ready_us, ex.last_end_us)
             nodes = ex.nodes
@@ -247,6 +249,8 @@ class GraphCalls(SimCore):
                     if free_at > start:
                         start = free_at
                 end = start + node.duration_us
+                if node.estimate is not None:
+                    end += node.estimate.us
                 if node.engine is not None:
                     dev.engine_free[node.engine] = end
                 ends[node.index] = end

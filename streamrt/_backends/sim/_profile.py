@@ -34,6 +34,21 @@ How the figures combine (all in virtual µs):
   48 µs gap); the function itself is called ``host_func_start_us`` after the
   stream reaches it, so launch-to-start on an idle stream is
   ``launch_latency_us + host_func_start_us`` = 20 µs.
+* A Python host function run by the runtime on its worker thread (the engine
+  enqueues ``sem_post`` to wake the worker, then a ``sem_wait`` host function
+  that holds the stream until the worker is done) occupies the stream for
+  ``host_func_us`` plus ``python_host_call_us`` (waking the worker, taking
+  the GIL, posting back).
+* With ``charge_host_time``, real host time counts too: each host clock
+  advances by the real time its thread spends between backend calls (its
+  Python work: packing metadata, torch, ...), at least ``api_call_us`` per
+  call; and a Python host function also holds its stream for the function's
+  own run time, which the runtime measures on its worker and passes on as a
+  live estimate (the mean of recent runs; see
+  ``SimBackend.expect_host_work``; a captured host node reads it at every
+  replay). Times then depend on the machine running the simulation, so this
+  is off by default (times are deterministic) and on in a profile made by
+  ``streamrt calibrate`` on a GPU, which models a real host driving it.
 * An event record takes ``event_record_us`` of stream time (0).
 * A blocking host call (synchronize) returns ``sync_wake_us`` after the
   completion it waited for (never earlier than its own API cost).
@@ -86,6 +101,9 @@ class SimProfile:
             access, GB/s (*estimate*: NVLink-class, one direction, H200 SXM).
         peer_latency_us: fixed extra start-up cost of a copy between two devices (*estimate*).
         serialize_copy_engines: H2D and D2H copies each queue on one copy engine.
+        python_host_call_us: extra stream time of a Python host function run on the
+            runtime's worker, beyond two native host functions and the function itself.
+        charge_host_time: charge real host time: between backend calls, and in Python host functions.
     """
 
     name: str = "H200"
@@ -110,6 +128,8 @@ class SimProfile:
     serialize_copy_engines: bool = True
     peer_bandwidth_gbps: float = 300.0
     peer_latency_us: float = 5.0
+    python_host_call_us: float = 0.0
+    charge_host_time: bool = False
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -117,9 +137,9 @@ class SimProfile:
             if f.name == "name":
                 if not isinstance(value, str) or not value:
                     raise ValueError("SimProfile.name must be a non-empty str")
-            elif f.name == "serialize_copy_engines":
+            elif f.name in ("serialize_copy_engines", "charge_host_time"):
                 if not isinstance(value, bool):
-                    raise TypeError("SimProfile.serialize_copy_engines must be a bool")
+                    raise TypeError(f"SimProfile.{f.name} must be a bool")
             elif f.name in ("total_memory", "multiprocessor_count"):
                 if isinstance(value, float) and value.is_integer():  # JSON may spell 141e9
                     value = int(value)
