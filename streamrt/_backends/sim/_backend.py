@@ -56,7 +56,7 @@ functions and lifetime here; memory in ``_memcalls``; capture and graphs in
 from __future__ import annotations
 
 import warnings
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ..protocol import Capabilities, priority_clamp
 from . import _codes as C
