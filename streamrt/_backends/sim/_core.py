@@ -285,23 +285,22 @@ class SimCore:
             )
         if self._closed:
             fail(C.DEINITIALIZED, "the sim backend is closed", call)
+        if self._charge_host_time:
+            self._charge_real(tls)
         return tls
 
     def _charge_real(self, tls: ThreadState) -> None:
-        """``charge_host_time``: add the thread's host work since its previous backend call to its clock.
+        """``charge_host_time``, on entering a backend call: add the thread's host work since it left the previous one.
 
         Host work is the thread's CPU time (``time.thread_time``), not wall
         time: time blocked, or waiting for the GIL while the simulator's own
-        threads run Python, is not host work a GPU program would do. Less the
-        ``api_call_us`` the call is charged anyway (so a clock never moves by
-        less than the model's cost per call). :meth:`_mark_real` at the end
-        of the call leaves the simulator's own work out.
+        threads run Python, is not host work a GPU program would do. The
+        simulator's own work inside a call is left out (:meth:`_mark_real` on
+        the way out); the call costs ``api_call_us`` as always.
         """
         now = time.thread_time()
         if tls.real_mark:
-            spent = (now - tls.real_mark) * 1e6 - self._api_us
-            if spent > 0:
-                tls.host_us += spent
+            tls.host_us += (now - tls.real_mark) * 1e6
         tls.real_mark = now
 
     def _mark_real(self, tls: ThreadState) -> None:
@@ -348,9 +347,9 @@ class SimCore:
         return device
 
     def _charge(self, tls: ThreadState) -> float:
-        if self._charge_host_time:
-            self._charge_real(tls)
         tls.host_us += self._profile.api_call_us
+        if self._charge_host_time:
+            self._mark_real(tls)
         return tls.host_us
 
     def _enqueue(
@@ -374,8 +373,6 @@ class SimCore:
         wait_us: float = 0.0,
     ) -> Op:
         """Time, link and submit one eager op on ``s``. Lock held."""
-        if self._charge_host_time:
-            self._charge_real(tls)
         issue = tls.host_us = tls.host_us + self._api_us
         start = issue + self._launch_us
         if s.tail_us > start:
@@ -486,12 +483,10 @@ class SimCore:
     def _wait(self, tls: ThreadState, ops: list[Op], done_us: float, call: str) -> None:
         """Block until ``ops`` complete and advance the host clock. Lock NOT held.
 
-        With ``charge_host_time`` the host work before the wait is charged first,
-        and the real time spent blocked is not: the model's wake-up stands for it.
+        With ``charge_host_time`` the time spent blocked is not host work: the
+        model's wake-up stands for it.
         """
         charge = self._charge_host_time
-        if charge:
-            self._charge_real(tls)
         if ops and not self._sched.wait(ops):
             fail(C.DEINITIALIZED, "the sim backend was closed while waiting; queued work was abandoned", call)
         p = self._profile

@@ -230,8 +230,6 @@ class GraphCalls(SimCore):
                     epoch = self._hz.next_epoch(s.key, vc)
                 hzinfo = (s.key, dict(vc), epoch)
             dev = self._devices[s.device]
-            if self._charge_host_time:
-                self._charge_real(tls)
             issue = tls.host_us = tls.host_us + p.api_call_us
             base = max(issue + p.launch_latency_us, s.tail_us, s.work_ready_us, ex.last_end_us)
             nodes = ex.nodes
@@ -316,6 +314,8 @@ class GraphCalls(SimCore):
             s.tail_us = join_us
             if join_us > dev.time_us:
                 dev.time_us = join_us
+            if self._charge_host_time:
+                self._mark_real(tls)
             s.work_ready_us = join_us + (p.op_gap_us if any_work else 0.0)
             ex.last = join
             ex.last_end_us = join_us

@@ -176,6 +176,8 @@ class MemoryCalls(SimCore):
         tls = self._tls
         if tls.role is not None or self._closed:
             self._enter(call)
+        if self._charge_host_time:
+            self._charge_real(tls)
         n = nbytes if type(nbytes) is int and nbytes >= 0 else check_count(nbytes, "nbytes", call)
         dst = ptr if type(ptr) is int and ptr >= 0 else check_count(ptr, "ptr", call)
         if type(value) is not int:
@@ -240,6 +242,8 @@ class MemoryCalls(SimCore):
         tls = self._tls
         if tls.role is not None or self._closed:
             self._enter(call)
+        if self._charge_host_time:
+            self._charge_real(tls)
         n = nbytes if type(nbytes) is int and nbytes >= 0 else check_count(nbytes, "nbytes", call)
         d = dst if type(dst) is int and dst >= 0 else check_count(dst, "dst", call)
         sp = src if type(src) is int and src >= 0 else check_count(src, "src", call)
