@@ -16,7 +16,9 @@ function is bounded, and the enqueuing thread then blocks before it can open
 the gate.) Where no kernel can be compiled, the gate is a ``sem_wait`` host
 function and measurements enqueue at most 16 ops behind it. A gate that the
 host outran (its body took longer to enqueue than the spin) is retried with a
-longer spin. Each figure is the median of ``repeats`` runs.
+longer spin. Each figure is the median of ``repeats`` samples, taken in
+rounds that interleave the figures (so a burst of interference on the
+machine spoils one sample of many figures, not every sample of one).
 
 ==========================  =====================================================================
 field                       measured as
@@ -124,6 +126,7 @@ class _Bench:
         self.kernel_gate = self._kernel_gate_works()
         self.op_host_us = 10.0  # a pessimistic host cost per enqueued op until api_call_us is measured
         self.retries = 0
+        self.outrun = 0  # measurements kept although the host outran the gate every time
 
     def _kernel_gate_works(self) -> bool:
         try:
@@ -168,13 +171,16 @@ class _Bench:
                 self.b.stream_synchronize(self.stream)
             return
         spin = max(200.0, 4.0 * ops * self.op_host_us + 100.0)
-        for _attempt in range(4):
+        for attempt in range(4):
             self.rt.kernels.spin_sleep(self._stream, spin)
             t0 = self.host_us()
             body()
             took = self.host_us() - t0
             self.b.stream_synchronize(self.stream)
             if took < 0.8 * spin:
+                return
+            if attempt == 3:
+                self.outrun += 1
                 return
             self.retries += 1
             spin *= 4.0
@@ -210,7 +216,7 @@ def _fit(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
     return c, (1.0 / (k * 1e3)) if k > 0 else float("inf")
 
 
-def calibrate(rt: Runtime, *, repeats: int = 5, quick: bool = False, progress: Progress | None = None) -> Calibration:
+def calibrate(rt: Runtime, *, repeats: int = 7, quick: bool = False, progress: Progress | None = None) -> Calibration:
     """Measure the cost-model constants on ``rt``'s device; see the module docstring."""
     from ._backends.sim import SimProfile
 
@@ -232,12 +238,6 @@ def calibrate(rt: Runtime, *, repeats: int = 5, quick: bool = False, progress: P
     how: dict[str, str] = {}
     notes: list[str] = []
 
-    def med(fn: Callable[[], float]) -> float:
-        vals = [fn() for _ in range(repeats)]
-        if progress:
-            progress.advance()
-        return statistics.median(vals)
-
     try:
         dev = bench.device(max(fill_sizes + copy_sizes))
         dev2 = bench.device(max(copy_sizes))
@@ -245,7 +245,7 @@ def calibrate(rt: Runtime, *, repeats: int = 5, quick: bool = False, progress: P
         pin2 = bench.host(max(copy_sizes))
         e = [bench.event() for _ in range(len(fill_sizes) + 2)]
 
-        # -- host cost of one API call ------------------------------------------------------------
+        # -- host cost of one API call (first: the gates are sized from it) --------------------------------
         def api() -> float:
             out = 0.0
 
@@ -259,8 +259,16 @@ def calibrate(rt: Runtime, *, repeats: int = 5, quick: bool = False, progress: P
             bench.gated(body, n_small)
             return out
 
-        measured["api_call_us"] = med(api)
+        measured["api_call_us"] = statistics.median(api() for _ in range(repeats))
         bench.op_host_us = max(measured["api_call_us"], 0.5)
+        if progress:
+            progress.advance()
+
+        # Every other figure: one sample per round, the figures interleaved within a round, so
+        # a burst of interference on the machine spoils one sample of many figures rather than
+        # every sample of one. Each figure is the median of its samples.
+        scalars: dict[str, Callable[[], float]] = {}
+        lines: dict[str, Callable[[], tuple[float, float]]] = {}
 
         # -- launch gap: back-to-back 1-byte memsets ----------------------------------------------------
         def period(enqueue_one: Callable[[], None], lead: Callable[[], None] | None = None, count: int = n_small) -> Callable[[], float]:
@@ -279,8 +287,7 @@ def calibrate(rt: Runtime, *, repeats: int = 5, quick: bool = False, progress: P
             return run
 
         tiny = lambda: b.memset_async(dev, 0, 1, s)  # noqa: E731
-        gap = med(period(tiny, lead=tiny))
-        measured["launch_gap_us"] = gap
+        scalars["launch_gap_us"] = period(tiny, lead=tiny)
 
         # -- bandwidths: back-to-back ops of three sizes ------------------------------------------------------
         def series(enqueue: Callable[[int], None], sizes: Sequence[int]) -> Callable[[], tuple[float, float]]:
@@ -298,30 +305,18 @@ def calibrate(rt: Runtime, *, repeats: int = 5, quick: bool = False, progress: P
 
             return run
 
-        def fit_med(run: Callable[[], tuple[float, float]]) -> tuple[float, float]:
-            fits = [run() for _ in range(repeats)]
-            if progress:
-                progress.advance()
-            return statistics.median(f[0] for f in fits), statistics.median(f[1] for f in fits)
-
-        _, memset_bw = fit_med(series(lambda n: b.memset_async(dev, 0, n, s), fill_sizes))
-        measured["memset_gbps"] = memset_bw
-        copies = {
-            "h2d_gbps": lambda n: b.memcpy_async(dev, pin, n, MemcpyKind.HOST_TO_DEVICE, s),
-            "d2h_gbps": lambda n: b.memcpy_async(pin, dev, n, MemcpyKind.DEVICE_TO_HOST, s),
-            "d2d_gbps": lambda n: b.memcpy_async(dev2, dev, n, MemcpyKind.DEVICE_TO_DEVICE, s),
-            "h2h_gbps": lambda n: b.memcpy_async(pin2, pin, n, MemcpyKind.HOST_TO_HOST, s),
-        }
-        for name, enqueue in copies.items():
-            _, bw = fit_med(series(enqueue, copy_sizes))
-            measured[name] = bw
+        lines["memset_gbps"] = series(lambda n: b.memset_async(dev, 0, n, s), fill_sizes)
+        lines["h2d_gbps"] = series(lambda n: b.memcpy_async(dev, pin, n, MemcpyKind.HOST_TO_DEVICE, s), copy_sizes)
+        lines["d2h_gbps"] = series(lambda n: b.memcpy_async(pin, dev, n, MemcpyKind.DEVICE_TO_HOST, s), copy_sizes)
+        lines["d2d_gbps"] = series(lambda n: b.memcpy_async(dev2, dev, n, MemcpyKind.DEVICE_TO_DEVICE, s), copy_sizes)
+        lines["h2h_gbps"] = series(lambda n: b.memcpy_async(pin2, pin, n, MemcpyKind.HOST_TO_HOST, s), copy_sizes)
 
         # -- host functions and event records -----------------------------------------------------------------
         # few host functions at a time: the driver's queue of pending host functions is bounded
         post = lambda: b.launch_host_func(s, SEM_POST_ADDRESS, bench.dummy.address)  # noqa: E731
-        measured["host_func_us"] = med(period(post, count=min(n_small, 32)))
+        scalars["host_func_us"] = period(post, count=min(n_small, 32))
         extra = bench.event()
-        measured["event_record_us"] = med(period(lambda: b.event_record(extra, s)))
+        scalars["event_record_us"] = period(lambda: b.event_record(extra, s))
 
         # -- a Python host function on the runtime's worker: its stream time beyond two native ones -------------
         engine = rt._engine
@@ -335,7 +330,7 @@ def calibrate(rt: Runtime, *, repeats: int = 5, quick: bool = False, progress: P
             bench.gated(body, 4)
             return bench.elapsed_us(e[0], e[1])
 
-        measured["python_host_call_stall_us"] = med(python_host_call)
+        scalars["python_host_call_stall_us"] = python_host_call
 
         # -- wake-up + launch latency: the device gap around a host synchronize ---------------------------------
         def turnaround() -> float:
@@ -346,26 +341,44 @@ def calibrate(rt: Runtime, *, repeats: int = 5, quick: bool = False, progress: P
             b.event_synchronize(e[1])
             return bench.elapsed_us(e[0], e[1])
 
-        measured["sync_turnaround_us"] = med(turnaround)
+        scalars["sync_turnaround_us"] = turnaround
 
         # -- launch -> host function start (real time only) -----------------------------------------------------
+        waker: Semaphore | None = None
         if not bench.virtual:
             waker = Semaphore()
 
             def hostfn_start() -> float:
+                assert waker is not None
                 b.stream_synchronize(s)
                 t0 = time.perf_counter_ns()
                 b.launch_host_func(s, SEM_POST_ADDRESS, waker.address)
                 waker.wait()
                 return (time.perf_counter_ns() - t0) / 1000.0
 
-            try:
-                measured["host_func_launch_to_wake_us"] = med(hostfn_start)
-            finally:
-                b.stream_synchronize(s)
-                waker.destroy()
+            scalars["host_func_launch_to_wake_us"] = hostfn_start
         else:
             notes.append("host_func_start_us kept: a host function's start is not observable on a virtual clock")
+
+        samples: dict[str, list[float]] = {name: [] for name in scalars}
+        fits: dict[str, list[tuple[float, float]]] = {name: [] for name in lines}
+        try:
+            for _ in range(repeats):
+                for name, fn in scalars.items():
+                    samples[name].append(fn())
+                for name, line in lines.items():
+                    fits[name].append(line())
+                if progress:
+                    progress.advance()
+        finally:
+            b.stream_synchronize(s)
+            if waker is not None:
+                waker.destroy()
+        for name, values in samples.items():
+            measured[name] = statistics.median(values)
+        for name, pairs in fits.items():
+            measured[name] = statistics.median(bw for _c, bw in pairs)
+        gap = measured["launch_gap_us"]
     finally:
         bench.close()
 
@@ -414,6 +427,8 @@ def calibrate(rt: Runtime, *, repeats: int = 5, quick: bool = False, progress: P
             "sync_wake_us": f"sync turnaround {measured['sync_turnaround_us']:.3f} us - api, x 3/7",
         }
     )
+    if bench.outrun:
+        notes.append(f"{bench.outrun} sample(s) were kept although the host outran the gate 4 times: they may read high")
     if bench.retries:
         notes.append(f"the host outran the gate {bench.retries} time(s); those measurements were repeated behind a longer spin")
     if not bench.kernel_gate:
@@ -435,7 +450,7 @@ def run_calibrate(
     *,
     device: int = 0,
     out: str | None = None,
-    repeats: int = 5,
+    repeats: int = 7,
     quick: bool = False,
     stream: IO[str] | None = None,
 ) -> int:
@@ -448,7 +463,7 @@ def run_calibrate(
         if caps.is_simulated:
             print("calibrating the simulator itself: this checks the procedure (it should recover the profile in use)", file=stream)
         print(f"calibrating {rt.backend_name}:{device} {caps.device_name} ({caps.architecture})", file=stream)
-        with Progress(9, "calibrate", stream=sys.stderr) as bar:
+        with Progress(1 + repeats, "calibrate", stream=sys.stderr) as bar:
             cal = calibrate(rt, repeats=repeats, quick=quick, progress=bar)
     path = out or f"sim-profile-{_slug(caps.device_name)}.json"
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

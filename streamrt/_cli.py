@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--backend", default="auto", help="auto (default), cuda or hip; sim checks the procedure against the simulator")
     cal.add_argument("--device", type=int, default=0)
     cal.add_argument("--out", default=None, help="profile file to write (default: sim-profile-<device>.json)")
-    cal.add_argument("--repeats", type=int, default=5, help="repetitions per measurement; medians are kept (default 5)")
+    cal.add_argument("--repeats", type=int, default=7, help="samples per figure, in interleaved rounds; medians are kept (default 7)")
     cal.add_argument("--quick", action="store_true", help="small sizes and fewer repetitions (a rough profile in seconds)")
 
     fid = sub.add_parser("fidelity", help="compare a GPU's `demo --json` with the simulator's, per strategy (±tolerance, ranking)")
