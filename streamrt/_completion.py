@@ -728,7 +728,8 @@ class CompletionEngine:
         self._max_batch_gone = 0
         self._notifier = _LoopNotifier()
         # On a simulator, Python host functions are timed so that simulated streams wait as long.
-        self._host_work = HostWorkEstimates() if callable(getattr(backend, "expect_host_work", None)) else None
+        self._expect_host_work: Callable[[Any], None] | None = getattr(backend, "expect_host_work", None)
+        self._host_work = HostWorkEstimates() if callable(self._expect_host_work) else None
         self._watchdog_interval = watchdog_interval
         self._watchdog_threshold = watchdog_threshold
         self._watchdog: Watchdog | None = None  # started with the first lane
@@ -966,8 +967,8 @@ class CompletionEngine:
 
     def _announce_host_work(self, fn: Callable[..., Any]) -> None:
         """Before the ``sem_wait(done)`` of a Python host call: tell a simulator how long ``fn`` runs."""
-        if self._host_work is not None:
-            self._backend.expect_host_work(self._host_work.for_function(fn))
+        if self._host_work is not None and self._expect_host_work is not None:
+            self._expect_host_work(self._host_work.for_function(fn))
 
     def _python_call_started(self) -> None:
         with self._lock:
