@@ -6,6 +6,7 @@ import threading
 from typing import Any
 
 import numpy as np
+from support.transfer import download
 
 import allocators
 import streamrt as srt
@@ -97,10 +98,4 @@ def conserved(stats: allocators.CachingAllocatorStatistics) -> bool:
 
 def read_back(rt: srt.Runtime, stream: srt.Stream, buf: srt.Buffer) -> np.ndarray:
     """The bytes of ``buf`` (any kind), after everything enqueued on ``stream`` so far."""
-    out = rt.host_allocator.allocate(buf.nbytes)
-    try:
-        stream.copy(out, buf)
-        stream.synchronize()
-        return out.numpy().copy()
-    finally:
-        out.release()
+    return download(rt, stream, buf)

@@ -1,4 +1,4 @@
-"""Helpers of the kernel tests: device round trips, seqstart arrays, the numpy twins run on host arrays,
+"""Helpers of the kernel tests: seqstart arrays, the numpy twins run on host arrays,
 and the host emulation of the kernel sources (tests/kernels/emulation)."""
 
 from __future__ import annotations
@@ -16,37 +16,12 @@ from typing import Any
 
 import numpy as np
 
-import streamrt as srt
 import streamrt._kernel._builtin  # noqa: F401 - registers the shipped kernels' twins
 from streamrt._backends.sim import registered_twins
 
 REPO = Path(__file__).resolve().parents[2]
 KERNELS = REPO / "kernels"
 EMULATION = Path(__file__).resolve().parent / "emulation"
-
-
-def upload(rt: srt.Runtime, s: srt.Stream, arr: np.ndarray, dst: srt.Buffer | None = None) -> srt.Buffer:
-    """``arr``'s bytes in (new or given) device memory; waits for the copy."""
-    raw = np.ascontiguousarray(arr).view(np.uint8).ravel()
-    if dst is None:
-        dst = rt.device_allocator.allocate(max(raw.nbytes, 1), stream=s)
-    if raw.nbytes:
-        stage = rt.host_allocator.allocate(raw.nbytes)
-        stage.numpy(np.uint8)[:] = raw
-        s.copy(dst, stage, raw.nbytes)
-        s.synchronize()
-        stage.release()
-    return dst
-
-
-def download(rt: srt.Runtime, s: srt.Stream, src: srt.Buffer, dtype: Any = np.uint8) -> np.ndarray:
-    """A copy of ``src``'s bytes after the work enqueued so far on ``s``."""
-    stage = rt.host_allocator.allocate(src.nbytes)
-    s.copy(stage, src)
-    s.synchronize()
-    out = stage.numpy(dtype).copy()
-    stage.release()
-    return out
 
 
 def seqstart(lengths: Sequence[int] | np.ndarray) -> np.ndarray:

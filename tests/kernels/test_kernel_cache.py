@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kernel_helpers import download
+from support.transfer import download
 
 import streamrt as srt
 from streamrt import KernelCompileError

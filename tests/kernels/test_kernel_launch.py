@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from kernel_helpers import download
+from support.transfer import download
 
 import streamrt as srt
 from streamrt._kernel import checksum_words, fill_words

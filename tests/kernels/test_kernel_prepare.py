@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from kernel_cases import EDGE_CASES, Case, random_cases
-from kernel_helpers import download, run_twin, upload
+from kernel_helpers import run_twin
+from support.transfer import download, upload
 
 import streamrt as srt
 from streamrt.recipes.fmha_bwd import (

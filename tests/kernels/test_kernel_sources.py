@@ -8,11 +8,20 @@ import sys
 from pathlib import Path
 
 import pytest
-from kernel_helpers import KERNELS, REPO  # (importing it registers the shipped kernels' twins and specs)
+from kernel_helpers import (  # (importing it registers the shipped kernels' twins and specs)
+    KERNELS,
+    REPO,
+)
 
 from streamrt._backends.sim import registered_twins
 from streamrt._errors import KernelCompileError
-from streamrt._kernel import expand_includes, get_kernel_spec, parse_kernels, read_shipped, shipped_sources
+from streamrt._kernel import (
+    expand_includes,
+    get_kernel_spec,
+    parse_kernels,
+    read_shipped,
+    shipped_sources,
+)
 
 SHIPPED = {
     "fmha_bwd_prepare.hip": ["fmha_bwd_prepare"],

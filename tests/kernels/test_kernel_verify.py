@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernel_helpers import download, run_twin, upload
+from kernel_helpers import run_twin
+from support.transfer import download, upload
 
 import streamrt as srt
 from streamrt._kernel import checksum_words, fill_words

@@ -1,34 +1,10 @@
-"""Helpers for the multi-device tests: moving bytes to and from one device's memory, gates."""
+"""Helpers for the multi-device tests: byte patterns and gates (moving bytes: support.transfer)."""
 
 from __future__ import annotations
 
 import threading
 
 import numpy as np
-
-import streamrt as srt
-
-
-def upload(rt: srt.Runtime, s: srt.Stream, data: np.ndarray) -> srt.Buffer:
-    """A device buffer of ``rt`` holding ``data``'s bytes (enqueued on ``s``; waits for the copy)."""
-    data = np.ascontiguousarray(data).view(np.uint8).ravel()
-    dst = rt.device_allocator.allocate(data.nbytes, stream=s)
-    stage = rt.host_allocator.allocate(data.nbytes)
-    stage.numpy()[:] = data
-    s.copy(dst, stage)
-    s.synchronize()
-    stage.release()
-    return dst
-
-
-def download(rt: srt.Runtime, s: srt.Stream, src: srt.Buffer) -> np.ndarray:
-    """``src``'s bytes after the work enqueued so far on ``s`` (a stream of ``rt``)."""
-    stage = rt.host_allocator.allocate(src.nbytes)
-    s.copy(stage, src)
-    s.synchronize()
-    out = stage.numpy().copy()
-    stage.release()
-    return out
 
 
 def pattern(nbytes: int, seed: int) -> np.ndarray:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from md_helpers import download, pattern, upload
+from md_helpers import pattern
+from support.transfer import download, upload
 
 import streamrt as srt
 

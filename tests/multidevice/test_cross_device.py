@@ -6,7 +6,8 @@ import time
 
 import numpy as np
 import pytest
-from md_helpers import HostGate, download, pattern, upload
+from md_helpers import HostGate, pattern
+from support.transfer import download, upload
 
 import streamrt as srt
 

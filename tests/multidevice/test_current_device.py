@@ -8,15 +8,14 @@ device a thread has current.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import threading
-import time
-
 import numpy as np
 import pytest
-from md_helpers import download
+from support.transfer import download
 
 import streamrt as srt
 from streamrt._allocator import RawAllocator

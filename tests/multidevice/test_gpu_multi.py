@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from md_helpers import HostGate, download, pattern, upload
+from md_helpers import HostGate, pattern
+from support.transfer import download, upload
 
 import streamrt as srt
 

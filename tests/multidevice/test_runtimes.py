@@ -6,7 +6,7 @@ import threading
 
 import numpy as np
 import pytest
-from md_helpers import download, upload
+from support.transfer import download, upload
 
 import streamrt as srt
 from streamrt._backends._shared import shared_backend_users

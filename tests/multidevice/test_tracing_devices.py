@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from md_helpers import download, pattern, upload
+from md_helpers import pattern
+from support.transfer import download, upload
 
 import streamrt as srt
 from streamrt._trace import start_trace, stop_trace

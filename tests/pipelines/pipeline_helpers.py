@@ -1,4 +1,4 @@
-"""Helpers shared by the pipeline tests: moving bytes to and from the device, blocking gates."""
+"""Helpers shared by the pipeline tests: pinned buffers, blocking gates, polling (moving bytes: support.transfer)."""
 
 from __future__ import annotations
 
@@ -6,32 +6,7 @@ import threading
 import time
 from collections.abc import Callable
 
-import numpy as np
-
 import streamrt as srt
-
-
-def upload(rt: srt.Runtime, s: srt.Stream, arr: np.ndarray, dst: srt.Buffer | None = None) -> srt.Buffer:
-    """``arr``'s bytes in device memory (``dst`` or a new buffer); waits for the copy."""
-    arr = np.ascontiguousarray(arr)
-    if dst is None:
-        dst = rt.device_allocator.allocate(arr.nbytes, stream=s)
-    stage = rt.host_allocator.allocate(arr.nbytes)
-    stage.numpy(np.uint8)[:] = arr.view(np.uint8).ravel()
-    s.copy(dst, stage)
-    s.synchronize()
-    stage.release()
-    return dst
-
-
-def download(rt: srt.Runtime, s: srt.Stream, src: srt.Buffer, dtype: object = np.uint8) -> np.ndarray:
-    """A copy of ``src``'s bytes, after the work enqueued so far on ``s``."""
-    stage = rt.host_allocator.allocate(src.nbytes)
-    s.copy(stage, src)
-    s.synchronize()
-    out = stage.numpy(dtype).copy()
-    stage.release()
-    return out
 
 
 def pinned(rt: srt.Runtime, n: int, fill: int | None = None) -> srt.Buffer:

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pipeline_helpers import Gate, download, eventually, upload
+from pipeline_helpers import Gate, eventually
+from support.transfer import download, upload
 
 import streamrt as srt
 from streamrt.recipes.fmha_bwd import (

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from pipeline_helpers import download, pinned, upload
+from pipeline_helpers import pinned
+from support.transfer import download, upload
 
 import streamrt as srt
 from streamrt._pipeline_deps import plan_fork, topological_order

@@ -7,7 +7,8 @@ import weakref
 
 import numpy as np
 import pytest
-from pipeline_helpers import Gate, download, pinned, upload
+from pipeline_helpers import Gate, pinned
+from support.transfer import download, upload
 
 import streamrt as srt
 

@@ -8,7 +8,8 @@ import weakref
 
 import numpy as np
 import pytest
-from pipeline_helpers import Gate, download, eventually, pinned, upload
+from pipeline_helpers import Gate, eventually, pinned
+from support.transfer import download, upload
 
 import streamrt as srt
 

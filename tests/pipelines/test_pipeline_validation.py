@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from pipeline_helpers import download, pinned
+from pipeline_helpers import pinned
+from support.transfer import download
 
 import streamrt as srt
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-import numpy as np
-
 import streamrt as srt
 from streamrt._trace import Trace
 
@@ -81,13 +79,3 @@ def png_size(data: bytes) -> tuple[int, int]:
     assert data[12:16] == b"IHDR"
     width, height = struct.unpack(">II", data[16:24])
     return width, height
-
-
-def upload(rt: srt.Runtime, s: srt.Stream, arr: np.ndarray) -> srt.Buffer:
-    dst = rt.device_allocator.allocate(arr.nbytes, stream=s)
-    stage = rt.host_allocator.allocate(arr.nbytes)
-    stage.numpy()[:] = arr.view(np.uint8).ravel()
-    s.copy(dst, stage)
-    s.synchronize()
-    stage.release()
-    return dst
