@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from .._stream import Stream
     from ._library import KernelLibrary
 
-__all__ = ["PREPARE_THREADS", "prepare_grid", "prepare_params"]
+__all__ = ["PREPARE_THREADS", "prepare_grid", "prepare_params", "prepare_scalars"]
 
 _LAUNCH_US = 3.0  # an empty kernel in a stream (DESIGN §9)
 _BYTES_PER_US = 3.0e6  # ~3 TB/s of device memory traffic
@@ -119,6 +119,23 @@ def prepare_params(args: KernelArgs) -> Any:
         max_seqlen_k=args.max_seqlen_k,
         total_q_padded=args.total_q_padded,
     )
+
+
+def prepare_scalars(params: Any) -> list[int]:
+    """The ten scalar arguments of a ``fmha_bwd_prepare`` launch for ``params``, in the kernel's order
+    (after the seqstart_q, seqstart_k and workspace pointers); the inverse of :func:`prepare_params`."""
+    return [
+        params.batch,
+        params.nhead,
+        params.hdim_q,
+        params.kM0,
+        params.kN0,
+        params.num_cus,
+        int(params.deterministic),
+        params.max_seqlen_q,
+        params.max_seqlen_k,
+        params.total_q_padded,
+    ]
 
 
 def prepare_grid(params: Any, multiprocessor_count: int) -> tuple[int, int, int]:

@@ -15,6 +15,7 @@ from kernel_cases import EDGE_CASES, Case, random_cases
 from kernel_helpers import aligned_bytes, emulation_library
 
 from streamrt._kernel import checksum_words, fill_words
+from streamrt._kernel._builtin import prepare_scalars
 from streamrt.recipes.fmha_bwd import parse_metadata, reference_metadata
 
 FILL = 0xAB
@@ -42,16 +43,7 @@ def run_prepare(emu: object, case: Case, grid: int) -> None:
         qq.ctypes.data,
         kk.ctypes.data,
         ws.ctypes.data,
-        params.batch,
-        params.nhead,
-        params.hdim_q,
-        params.kM0,
-        params.kN0,
-        params.num_cus,
-        int(params.deterministic),
-        params.max_seqlen_q,
-        params.max_seqlen_k,
-        params.total_q_padded,
+        *prepare_scalars(params),
     )
     meta = ws[:region]
     if not np.array_equal(meta, ref):

@@ -14,6 +14,7 @@ from kernel_helpers import run_twin
 from support.transfer import download, upload
 
 import streamrt as srt
+from streamrt._kernel._builtin import prepare_scalars
 from streamrt.recipes.fmha_bwd import (
     DevicePrepare,
     parse_metadata,
@@ -169,20 +170,6 @@ def test_the_prepare_twin_computes_the_device_bytes(rt: srt.Runtime, name: str) 
     off = (-host.ctypes.data) % 16
     ws = host[off : off + workspace_size(params)]
     qq, kk = np.ascontiguousarray(q, np.int32), np.ascontiguousarray(k, np.int32)
-    args = [
-        qq.ctypes.data,
-        kk.ctypes.data,
-        ws.ctypes.data,
-        params.batch,
-        params.nhead,
-        params.hdim_q,
-        params.kM0,
-        params.kN0,
-        params.num_cus,
-        int(params.deterministic),
-        params.max_seqlen_q,
-        params.max_seqlen_k,
-        params.total_q_padded,
-    ]
+    args = [qq.ctypes.data, kk.ctypes.data, ws.ctypes.data, *prepare_scalars(params)]
     run_twin("fmha_bwd_prepare", (2, 1, 1), (256, 1, 1), [qq, kk, ws], args)
     assert np.array_equal(ws, on_device)

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..._buffer import DEVICE
 from ..._kernel import add_kernel_node, launch_prepared, library_for, prepare_launch
-from ..._kernel._builtin import PREPARE_THREADS, prepare_grid
+from ..._kernel._builtin import PREPARE_THREADS, prepare_grid, prepare_scalars
 from ..._pipeline import Pipeline
 from ._plan import PreparePlan
 from .layout import WorkspaceMetadata, WorkspaceParams, parse_metadata
@@ -79,16 +79,7 @@ class DevicePrepare(PreparePlan):
             q.view(0, min(q.nbytes, seq_bytes)),
             k.view(0, min(k.nbytes, seq_bytes)),
             self._workspace,
-            params.batch,
-            params.nhead,
-            params.hdim_q,
-            params.kM0,
-            params.kN0,
-            params.num_cus,
-            int(params.deterministic),
-            params.max_seqlen_q,
-            params.max_seqlen_k,
-            params.total_q_padded,
+            *prepare_scalars(params),
         ]
         self._launch = prepare_launch(self._kernel, self._grid, self._block, self._args, 0)  # checks every argument
         p = Pipeline(f"fmha_bwd_prepare_device[batch={params.batch}]")
