@@ -39,7 +39,11 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from train_step import _torch_work  # the training-step harness (same matmul work, same stream)
+from train_step import (  # the training-step harness (same work, same stream)
+    _torch_work,
+    add_workload_arguments,
+    seed_workload,
+)
 
 import streamrt as srt
 from streamrt.recipes.fmha_bwd import (
@@ -259,24 +263,8 @@ def bench_sleep(rt: srt.Runtime, s: srt.Stream, args: argparse.Namespace) -> dic
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    rng = np.random.default_rng(args.seed)
-    sq = rng.integers(args.seqlen // 2, args.seqlen + 1, args.batch)
-    sk = rng.integers(args.seqlen // 2, args.seqlen + 1, args.batch)
-    seq_q = np.concatenate([[0], np.cumsum(sq)]).astype(np.int32)
-    seq_k = np.concatenate([[0], np.cumsum(sk)]).astype(np.int32)
     with srt.open_runtime(args.backend) as rt:
-        params = WorkspaceParams(
-            batch=args.batch,
-            nhead=args.nhead,
-            hdim_q=args.hdim,
-            kM0=64,
-            kN0=128,
-            num_cus=rt.capabilities.multiprocessor_count,
-            deterministic=args.deterministic,
-            max_seqlen_q=int(sq.max()),
-            max_seqlen_k=int(sk.max()),
-            total_q_padded=int(seq_q[-1]),
-        )
+        params, seq_q, seq_k = seed_workload(args, rt.capabilities.multiprocessor_count)
         s, matmuls, work_note = _torch_work(rt, args.size, args.matmuls)
         env = Setup(rt, s, params, seq_q, seq_k)
         try:
@@ -349,14 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--matmuls", type=int, default=8)
     ap.add_argument("--size", type=int, default=4096)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--nhead", type=int, default=8)
-    ap.add_argument("--hdim", type=int, default=64)
-    ap.add_argument("--seqlen", type=int, default=256, help="longest sequence; lengths are drawn from [seqlen/2, seqlen]")
-    ap.add_argument("--deterministic", action="store_true")
+    add_workload_arguments(ap)
     ap.add_argument("--latency-reps", type=int, default=200)
     ap.add_argument("--sleep-reps", type=int, default=20)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
     result = run(args)

@@ -42,30 +42,21 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from train_step import (  # the seed workload of the training-step harness
+    add_workload_arguments,
+    seed_workload,
+)
 
 import streamrt as srt
 from streamrt._backends.protocol import MemcpyKind
 from streamrt._native import SEM_POST_ADDRESS, Semaphore
-from streamrt.recipes.fmha_bwd import WorkspaceParams, WorkspacePrepare, workspace_size
+from streamrt.recipes.fmha_bwd import WorkspacePrepare, workspace_size
 
 COLUMNS = ("raw ops", "stream", "fork", "raw graph", "graph")
 
 
-def _params(batch: int, seed: int) -> tuple[WorkspaceParams, np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    sq = rng.integers(128, 257, batch)
-    sk = rng.integers(128, 257, batch)
-    seq_q = np.concatenate([[0], np.cumsum(sq)]).astype(np.int32)
-    seq_k = np.concatenate([[0], np.cumsum(sk)]).astype(np.int32)
-    params = WorkspaceParams(
-        batch=batch, nhead=8, hdim_q=64, kM0=64, kN0=128, num_cus=132, deterministic=False,
-        max_seqlen_q=int(sq.max()), max_seqlen_k=int(sk.max()), total_q_padded=int(seq_q[-1]),
-    )  # fmt: skip
-    return params, seq_q, seq_k
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    params, seq_q, seq_k = _params(args.batch, args.seed)
+    params, seq_q, seq_k = seed_workload(args)
     with srt.open_runtime(args.backend) as rt:
         s = rt.create_stream(name="enqueue")
         b, h = rt.backend, s._handle
@@ -203,8 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--window", type=int, default=4, help="runs in flight in the busy mode")
     ap.add_argument("--spin-us", type=float, default=300.0, help="device work after each call in the busy mode")
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--seed", type=int, default=0)
+    add_workload_arguments(ap)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--out")
     args = ap.parse_args(argv)

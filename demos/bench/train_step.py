@@ -54,6 +54,42 @@ from streamrt.recipes.fmha_bwd import (
 VARIANTS = ("none", "sync", "stream", "fork", "fork_gated", "graph")
 
 
+def add_workload_arguments(ap: argparse.ArgumentParser) -> None:
+    """The seed workload's options, shared by the benchmarks that prepare it (see :func:`seed_workload`)."""
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--nhead", type=int, default=8)
+    ap.add_argument("--hdim", type=int, default=64)
+    ap.add_argument("--seqlen", type=int, default=256, help="longest sequence; lengths are drawn from [seqlen/2, seqlen]")
+    ap.add_argument("--deterministic", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+
+
+def seed_workload(args: argparse.Namespace, num_cus: int = 132) -> tuple[WorkspaceParams, np.ndarray, np.ndarray]:
+    """The workspace parameters and the seqstart_q/k arrays (int32, ``batch + 1``) of one seeded draw.
+
+    Lengths are drawn from [seqlen/2, seqlen]; ``total_q_padded`` equals the
+    used size, so every strategy zeroes the same bytes.
+    """
+    rng = np.random.default_rng(args.seed)
+    sq = rng.integers(args.seqlen // 2, args.seqlen + 1, args.batch)
+    sk = rng.integers(args.seqlen // 2, args.seqlen + 1, args.batch)
+    seq_q = np.concatenate([[0], np.cumsum(sq)]).astype(np.int32)
+    seq_k = np.concatenate([[0], np.cumsum(sk)]).astype(np.int32)
+    params = WorkspaceParams(
+        batch=args.batch,
+        nhead=args.nhead,
+        hdim_q=args.hdim,
+        kM0=64,
+        kN0=128,
+        num_cus=num_cus,
+        deterministic=args.deterministic,
+        max_seqlen_q=int(sq.max()),
+        max_seqlen_k=int(sk.max()),
+        total_q_padded=int(seq_q[-1]),
+    )
+    return params, seq_q, seq_k
+
+
 def _torch_work(rt: srt.Runtime, size: int, count: int) -> tuple[srt.Stream, Callable[[], None] | None, str]:
     """The step stream and the matmul work (``None`` on the simulator or without torch)."""
     if rt.capabilities.is_simulated:
@@ -79,23 +115,7 @@ def _torch_work(rt: srt.Runtime, size: int, count: int) -> tuple[srt.Stream, Cal
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    rng = np.random.default_rng(args.seed)
-    sq = rng.integers(args.seqlen // 2, args.seqlen + 1, args.batch)
-    sk = rng.integers(args.seqlen // 2, args.seqlen + 1, args.batch)
-    seq_q = np.concatenate([[0], np.cumsum(sq)]).astype(np.int32)
-    seq_k = np.concatenate([[0], np.cumsum(sk)]).astype(np.int32)
-    params = WorkspaceParams(
-        batch=args.batch,
-        nhead=args.nhead,
-        hdim_q=args.hdim,
-        kM0=64,
-        kN0=128,
-        num_cus=132,
-        deterministic=args.deterministic,
-        max_seqlen_q=int(sq.max()),
-        max_seqlen_k=int(sk.max()),
-        total_q_padded=int(seq_q[-1]),  # the bound equals the used size: every variant zeroes the same bytes
-    )
+    params, seq_q, seq_k = seed_workload(args)
     with srt.open_runtime(args.backend) as rt:
         s, matmuls, work_note = _torch_work(rt, args.size, args.matmuls)
         q = rt.device_allocator.allocate(seq_q.nbytes, stream=s)
@@ -217,12 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--matmuls", type=int, default=8)
     ap.add_argument("--size", type=int, default=4096)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--nhead", type=int, default=8)
-    ap.add_argument("--hdim", type=int, default=64)
-    ap.add_argument("--seqlen", type=int, default=256, help="longest sequence; lengths are drawn from [seqlen/2, seqlen]")
-    ap.add_argument("--deterministic", action="store_true")
-    ap.add_argument("--seed", type=int, default=0)
+    add_workload_arguments(ap)
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
     result = run(args)
