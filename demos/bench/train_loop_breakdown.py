@@ -1,0 +1,145 @@
+"""Where the host time of a training step goes, variant (a) against (b) (issue 8).
+
+Runs ``demos/train_loop.py``'s plain-torch variant (a) and streamrt variant (b)
+at one model size of ``train_loop_bench.py``, alternating (a), (b), (a), (b),
+and times each call of the pieces below on the main thread (wall time, so a
+piece that waits for the GIL is charged that wait):
+
+* ``batch gen``: the demo's synthetic batch generator;
+* ``train_step``: torch's forward, backward and optimizer step;
+* (b) only: ``prefetch next`` (includes ``batch gen`` and ``prefetch stage``),
+  ``hand_off``, ``prepare launch``, ``logger.log``, ``fetch``, ``order_after``,
+  ``check.poll``;
+* (a) only: ``copy_``, ``item``.
+
+Prints ms per step per piece (``--out``: also as JSON). The second pass of
+each variant is the warm one.
+
+    python demos/bench/train_loop_breakdown.py --size s --out breakdown.json
+
+Needs torch with CUDA and a GPU runtime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from train_loop_bench import SIZES, config, demo
+
+import streamrt as srt
+import streamrt.torch as st
+from streamrt.torch import _context
+
+
+class Timers:
+    """Wraps functions so that their main-thread calls add their wall time to a named total."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = collections.defaultdict(float)
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def wrap(self, owner: Any, name: str, label: str) -> None:
+        original = getattr(owner, name)
+        totals = self.totals
+        main = threading.main_thread()
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if threading.current_thread() is not main:
+                return original(*args, **kwargs)
+            t0 = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                totals[label] += time.perf_counter() - t0
+
+        self._saved.append((owner, name, original))
+        setattr(owner, name, timed)
+
+    def timed_batches(self, make: Callable[[Any], Iterator[Any]]) -> Callable[[Any], Iterator[Any]]:
+        totals = self.totals
+
+        def batches(cfg: Any) -> Iterator[Any]:
+            it = make(cfg)
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    return
+                totals["batch gen"] += time.perf_counter() - t0
+                yield batch
+
+        return batches
+
+    def restore(self) -> None:
+        for owner, name, original in reversed(self._saved):
+            setattr(owner, name, original)
+        self._saved.clear()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", default="s", choices=sorted(SIZES))
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--backend", default="auto", help="streamrt backend of (b) (a GPU backend)")
+    ap.add_argument("--out", help="write the results as JSON here")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs torch with CUDA", file=sys.stderr)
+        return 2
+    device = torch.device("cuda", 0)
+    cfg = config(args.size, args.steps)
+    timers = Timers()
+    rows: list[dict[str, Any]] = []
+    make_batches = demo.synthetic_batches
+    demo.synthetic_batches = timers.timed_batches(make_batches)
+    for owner, name, label in (
+        (demo, "train_step", "train_step"),
+        (st.Prefetcher, "__next__", "prefetch next"),
+        (st.Prefetcher, "_stage", "prefetch stage"),
+        (_context.TorchContext, "hand_off", "hand_off"),
+        (demo.WorkspacePrepare, "launch", "prepare launch"),
+        (st.MetricsLogger, "log", "logger.log"),
+        (demo._MetadataCheck, "poll", "check.poll"),
+        (st, "order_after", "order_after"),
+        (st, "fetch", "fetch"),
+        (torch.Tensor, "copy_", "copy_"),
+        (torch.Tensor, "item", "item"),
+    ):
+        timers.wrap(owner, name, label)
+    try:
+        for variant in ("a", "b", "a", "b"):
+            timers.totals.clear()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            if variant == "a":
+                demo.run_plain(cfg, device)
+            else:
+                with srt.open_runtime(args.backend) as rt:
+                    demo.run_streamrt(cfg, device, rt)
+            torch.cuda.synchronize()
+            per_step = (time.perf_counter() - t0) * 1e3 / cfg.steps
+            pieces = ", ".join(f"{k} {v * 1e3 / cfg.steps:.3f}" for k, v in sorted(timers.totals.items()))
+            print(f"[{args.size}] ({variant}) {per_step:.3f} ms/step: {pieces}", flush=True)
+            rows.append(
+                {"variant": variant, "ms_per_step": per_step, "pieces_ms_per_step": {k: v * 1e3 / cfg.steps for k, v in timers.totals.items()}}
+            )
+    finally:
+        timers.restore()
+        demo.synthetic_batches = make_batches
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"size": args.size, "steps": args.steps, "device": torch.cuda.get_device_name(device), "rows": rows}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
