@@ -192,15 +192,16 @@ class _Workload:
         self.region = self.params.metadata_region_bytes
         self.consumed = dev.allocate(self.region, stream=stream)
         self.check_host = rt.host_allocator.allocate(self.region)
-        self.activations = dev.allocate(compute_bytes, stream=stream)
         self.compute_ops = compute_ops
         self.compute_us = compute_us if compute_us > 0 and _spin_kernel_works(rt, stream) else 0.0
+        # memsets of the activations stand in only where no spin kernel runs
+        self.activations = None if self.compute_us else dev.allocate(compute_bytes, stream=stream)
         self.prep = WorkspacePrepare(rt, self.params, self.seq_q, self.seq_k, self.workspace)
         stream.synchronize()
 
     @property
     def compute_note(self) -> str:
-        if self.compute_us:
+        if self.activations is None:
             return f"{self.compute_ops} x spin kernel {self.compute_us:g} us"
         return f"{self.compute_ops} x memset {self.activations.nbytes} B"
 
@@ -211,7 +212,7 @@ class _Workload:
         simulator), or memsets of the activations where no kernel can be built.
         """
         s = self.stream
-        if self.compute_us:
+        if self.activations is None:
             kernels = self.rt.kernels
             for _ in range(self.compute_ops):
                 kernels.spin_sleep(s, self.compute_us)
@@ -257,7 +258,8 @@ class _Workload:
         self.stream.synchronize()
         self.prep.close()
         for b in (self.seq_q, self.seq_k, self.workspace, self.consumed, self.check_host, self.activations):
-            b.release()
+            if b is not None:
+                b.release()
 
 
 def _spin_kernel_works(rt: Runtime, stream: Any) -> bool:
