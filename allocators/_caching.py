@@ -259,7 +259,7 @@ class CachingAllocator:
                         if in_use > self._peak:
                             self._peak = in_use
                         self._requested += nbytes
-                        return new_buffer(ptr, nbytes, self.kind, self._runtime, on_release=self._release_cb)
+                        return new_buffer(ptr, nbytes, self.kind, self._runtime, None, self._release_cb)
         return self._allocate(nbytes, stream)
 
     def _allocate(self, nbytes: Any, stream: srt.Stream | None) -> srt.Buffer:
@@ -285,7 +285,7 @@ class CachingAllocator:
                 self._reserving -= cls
                 self._misses += 1
                 self._account_out_locked(cls, nbytes)
-        buf = new_buffer(ptr, nbytes, self.kind, self._runtime, on_release=self._release_cb)
+        buf = new_buffer(ptr, nbytes, self.kind, self._runtime, None, self._release_cb)
         if stream is not None:
             note_stream(buf, stream)
         if self._debug is not None:

@@ -192,7 +192,7 @@ class CapturePool:
                 alloc._pool_bytes += cls
                 self._nbytes += cls
                 self._out[ptr] = cls
-        buf = new_buffer(ptr, nbytes, alloc.kind, alloc._runtime, on_release=self._release_cb)
+        buf = new_buffer(ptr, nbytes, alloc.kind, alloc._runtime, None, self._release_cb)
         if stream is not None:
             note_stream(buf, stream)
         if alloc._debug is not None:

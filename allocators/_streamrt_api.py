@@ -4,15 +4,17 @@
 only. The few things it needs that streamrt does not (yet) document as public
 are bound here, so that a change in streamrt is one edit in this file:
 
-* ``new_buffer(ptr, nbytes, kind, runtime, on_release=fn)`` -- the
+* ``new_buffer(ptr, nbytes, kind, runtime, None, fn)`` -- the
   :class:`streamrt.Buffer` constructor with its ``on_release`` hook (called
   once, from ``Buffer.release``, with the buffer; ``release`` itself rejects a
   second release and later use).
 * ``note_stream(buffer, stream)`` -- record that work on ``stream`` uses
   ``buffer`` (what ``stream.copy``/``memset`` do), so release waits for it;
   used for ``allocate(n, stream=s)``.
-* ``release_fields(buffer) -> (ptr, nbytes, streams)`` -- the three public
-  fields the release path needs, read in one C-level call.
+* ``release_fields(buffer) -> (ptr, nbytes, streams)`` -- the three fields
+  the release path needs, read in one C-level call from Buffer's slots
+  (``streams`` is ``None`` or a set; the public properties would cost three
+  Python calls on the allocators' hottest path).
 """
 
 from __future__ import annotations
@@ -27,11 +29,11 @@ if TYPE_CHECKING:
 
 __all__ = ["new_buffer", "note_stream", "release_fields"]
 
-#: ``srt.Buffer(ptr, nbytes, kind, runtime, *, on_release=None)``.
+#: ``srt.Buffer(ptr, nbytes, kind, runtime, owner, on_release)`` (positional: the hot path).
 new_buffer: Callable[..., srt.Buffer] = srt.Buffer
 
-#: ``release_fields(buf) -> (ptr, nbytes, set_of_streams_or_None)``; private slots of Buffer.
-release_fields: Callable[[srt.Buffer], tuple[int, int, Set[srt.Stream] | None]] = operator.attrgetter("ptr", "nbytes", "streams")
+#: ``release_fields(buf) -> (ptr, nbytes, set_of_streams_or_None)`` of a base (non-view) buffer; private slots of Buffer.
+release_fields: Callable[[srt.Buffer], tuple[int, int, Set[srt.Stream] | None]] = operator.attrgetter("_ptr", "_nbytes", "_streams")
 
 #: ``note_stream(buffer, stream)``: record that ``stream`` uses ``buffer`` (its release then waits for it).
 note_stream: Callable[[srt.Buffer, srt.Stream], None] = srt.Buffer.note_stream
