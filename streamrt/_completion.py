@@ -13,9 +13,11 @@ resolved Completions:
   with ``event_synchronize``, in the order they were watched (= stream order),
   and then does the Python-side work: it drops keepalives, runs callbacks and
   resolves Completions. After one blocking wait returns it retires every
-  following event that ``event_query`` reports done, as one batch, and wakes
-  each asyncio loop once per batch (``loop.call_soon_threadsafe``). An idle
-  lane sleeps on a condition variable: no polling.
+  following event that ``event_query`` reports done, as one batch (all of
+  them after one query when the newest is done: a lane's events are recorded
+  on its stream and complete in order), and wakes each asyncio loop once per
+  batch (``loop.call_soon_threadsafe``). An idle lane sleeps on a lock: no
+  polling.
 * **Host calls.** Python host functions run on worker threads (see
   :mod:`streamrt._hostcall`); driver threads only run libc ``sem_post`` /
   ``sem_wait``.
@@ -595,18 +597,40 @@ class _Lane:
                     self._busy = 0
                     continue
                 batch = [head]
-                if error is None:
-                    while queue:
-                        nxt = queue[0]
-                        try:
-                            if not query(nxt.event):
-                                break
-                        except BaseException:  # noqa: BLE001 - the blocking wait reports it next
-                            break
-                        self._busy += 1
-                        queue.popleft()
-                        batch.append(nxt)
+                if error is None and queue:
+                    self._take_done(queue, query, batch)
             self._retire(batch, error)
+
+    def _take_done(self, queue: collections.deque[_Entry], query: Callable[[int], bool], batch: list[_Entry]) -> None:
+        """Move the queued entries whose events are complete to ``batch`` (lane thread, ``_take`` held).
+
+        Every event of a lane was recorded on the lane's stream, so one that
+        is complete means every event watched before it is: the newest is
+        queried first, and when it is done (the usual case after a wait under
+        load) the whole queue is taken with that one query. Otherwise they are
+        queried from the oldest, up to the first not done. A query that raises
+        stops the batch (the next blocking wait reports the error).
+        """
+        n = len(queue)  # producers only append: the first n entries stay put
+        try:
+            newest_done = query(queue[n - 1].event)
+        except BaseException:  # noqa: BLE001 - the blocking wait reports it next
+            return
+        if newest_done:
+            self._busy += n
+            for _ in range(n):
+                batch.append(queue.popleft())
+            return
+        for _ in range(n - 1):
+            nxt = queue[0]
+            try:
+                if not query(nxt.event):
+                    return
+            except BaseException:  # noqa: BLE001 - the blocking wait reports it next
+                return
+            self._busy += 1
+            queue.popleft()
+            batch.append(nxt)
 
     def _retire(self, batch: list[_Entry], error: BaseException | None) -> None:
         engine = self._engine
@@ -813,6 +837,8 @@ class CompletionEngine:
     def watch_event(self, event: int, lane: int, callback: Callable[[BaseException | None], None]) -> None:
         """Call ``callback(None)`` on lane ``lane``'s thread once the recorded ``event`` completes.
 
+        ``lane``: the handle of the stream ``event`` was recorded on (a lane
+        relies on its events completing in the order they were watched).
         ``event`` must already be recorded and must be blocking-sync; the
         caller keeps it alive until the callback ran. ``callback(error)`` gets
         the exception if waiting for the event raised. Callbacks of one lane
@@ -826,8 +852,9 @@ class CompletionEngine:
 
         Watched on lane ``lane`` (the stream it was recorded on). The caller
         keeps ``event`` alive until then; if it is re-recorded meanwhile, the
-        Completion may resolve at the later record. An event never recorded is
-        complete at once (as in HIP/CUDA).
+        Completion may resolve at the later record, or once work watched after
+        it on ``lane`` has completed. An event never recorded is complete at
+        once (as in HIP/CUDA).
         """
         self._check_open()
         completion = Completion()
@@ -835,12 +862,12 @@ class CompletionEngine:
         self._lane(lane).push(_Entry(event, None, completion, None, False))
         return completion
 
-    def completion_for_stream(self, stream: int, *, keepalive: object = None, lane: int | None = None) -> Completion:
+    def completion_for_stream(self, stream: int, *, keepalive: object = None) -> Completion:
         """Record a pooled event on ``stream``; the Completion resolves when all work before it is done.
 
         ``keepalive`` (buffers, callables, anything) is referenced until then
         and dropped on the lane thread, before the Completion resolves.
-        ``lane`` defaults to ``stream``. Must not be called while ``stream``
+        Must not be called while ``stream``
         is capturing (the caller checks). Raises the backend's error if the
         event could not be recorded (nothing is then watched).
         """
@@ -853,7 +880,7 @@ class CompletionEngine:
             raise
         completion = Completion()
         completion._notifier = self._notifier
-        self._lane(stream if lane is None else lane).push(_Entry(event, None, completion, keepalive, True))
+        self._lane(stream).push(_Entry(event, None, completion, keepalive, True))
         return completion
 
     # -- event pool ----------------------------------------------------------------

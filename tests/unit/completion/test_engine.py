@@ -157,6 +157,76 @@ def test_event_completion_of_a_user_event(harness: Harness, engine: CompletionEn
     b.event_destroy(ev)
 
 
+class CountingQueries:
+    """The sim backend, counting ``event_query`` calls."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.queries = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def event_query(self, event: int) -> bool:
+        self.queries += 1
+        return bool(self._inner.event_query(event))
+
+
+def _hold_lane(engine: CompletionEngine, backend: Any, stream: int) -> tuple[threading.Event, threading.Event, int]:
+    """Keep ``stream``'s lane busy in a callback until the returned ``release`` is set."""
+    held, release = threading.Event(), threading.Event()
+    ev = backend.event_create(timing=False, blocking_sync=True)
+    backend.event_record(ev, stream)
+
+    def hold(_err: BaseException | None) -> None:
+        held.set()
+        release.wait(10)
+
+    engine.watch_event(ev, stream, hold)
+    assert held.wait(5)
+    return held, release, ev
+
+
+def test_a_lane_retires_everything_behind_a_done_newest_event_after_one_query(harness: Harness) -> None:
+    """Events of a lane complete in stream order: when the newest is done, so is the rest."""
+    counting = CountingQueries(harness.backend)
+    engine = harness.engine(counting)
+    s = harness.stream()
+    _held, release, ev = _hold_lane(engine, counting, s)
+    order: list[int] = []
+    cs = [engine.completion_for_stream(s) for _ in range(30)]
+    for i, c in enumerate(cs):
+        c.add_done_callback(lambda _c, i=i: order.append(i))
+    harness.backend.stream_synchronize(s)  # every event complete before the lane looks
+    before = counting.queries
+    release.set()
+    for c in cs:
+        c.wait(5)
+    assert order == list(range(30))
+    assert counting.queries - before == 1  # one blocking wait for the oldest, one query for the rest
+    engine.drain()
+    counting.event_destroy(ev)
+
+
+def test_a_lane_batch_stops_at_the_first_event_not_done(harness: Harness) -> None:
+    counting = CountingQueries(harness.backend)
+    engine = harness.engine(counting)
+    s = harness.stream()
+    _held, release, ev = _hold_lane(engine, counting, s)
+    done = [engine.completion_for_stream(s) for _ in range(3)]
+    gate = harness.gate(s)
+    later = engine.completion_for_stream(s)
+    release.set()
+    for c in done:
+        c.wait(5)
+    time.sleep(0.02)
+    assert not later.is_done  # held by the gate: the batch stopped before it
+    gate.open()
+    later.wait(5)
+    engine.drain()
+    counting.event_destroy(ev)
+
+
 # -- host calls ----------------------------------------------------------------------------
 
 
