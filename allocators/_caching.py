@@ -413,17 +413,21 @@ class CachingAllocator:
                 if fence is None or fence.is_empty:
                     free.append(ptr)
                 else:
-                    queue = self._pending.get(cls)
-                    if queue is None:
-                        queue = self._pending[cls] = deque()
-                    queue.append((ptr, fence))
-                    self._in_flight += cls
+                    self._pend_locked(ptr, cls, fence)
         if closed:
             if fence is not None:
                 fence.discard(self._events)
             self._release_after_close(ptr, nbytes, cls, streams or ())
         elif self._post_release:
             self._after_release()
+
+    def _pend_locked(self, ptr: int, cls: int, fence: Fence) -> None:
+        """Put a block in flight: reusable once ``fence`` is found passed. Lock held."""
+        queue = self._pending.get(cls)
+        if queue is None:
+            queue = self._pending[cls] = deque()
+        queue.append((ptr, fence))
+        self._in_flight += cls
 
     def _after_release(self) -> None:
         """After a release: drain the cache if the allocator closed meanwhile, else keep the cache limit."""
@@ -452,11 +456,7 @@ class CachingAllocator:
                     self._ready.setdefault(cls, []).append(ptr)
             else:
                 for ptr, cls in blocks:
-                    queue = self._pending.get(cls)
-                    if queue is None:
-                        queue = self._pending[cls] = deque()
-                    queue.append((ptr, fence))
-                    self._in_flight += cls
+                    self._pend_locked(ptr, cls, fence)
         if closed:
             self._runtime.releaser.submit(self._free_after_fence, list(blocks), fence)
 
@@ -611,8 +611,7 @@ class CachingAllocator:
             with self._lock:
                 for ptr, cls, fence in back:
                     self._freeing -= cls
-                    self._in_flight += cls
-                    self._pending.setdefault(cls, deque()).append((ptr, fence))
+                    self._pend_locked(ptr, cls, fence)
         self._submit_frees(blocks, wait=True)
 
     # -- capture pools -------------------------------------------------------------------------------
