@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 from train_step import (  # the training-step harness (same work, same stream)
     _torch_work,
-    add_workload_arguments,
+    add_step_arguments,
     seed_workload,
 )
 
@@ -331,13 +331,7 @@ def _print(result: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--backend", default="auto")
-    ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--matmuls", type=int, default=8)
-    ap.add_argument("--size", type=int, default=4096)
-    add_workload_arguments(ap)
+    add_step_arguments(ap)
     ap.add_argument("--latency-reps", type=int, default=200)
     ap.add_argument("--sleep-reps", type=int, default=20)
     ap.add_argument("--out", help="write the results as JSON here")

@@ -54,6 +54,17 @@ from streamrt.recipes.fmha_bwd import (
 VARIANTS = ("none", "sync", "stream", "fork", "fork_gated", "graph")
 
 
+def add_step_arguments(ap: argparse.ArgumentParser) -> None:
+    """The training-step harness's options (backend, interleaved rounds, the matmul step) and the workload's."""
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--matmuls", type=int, default=8)
+    ap.add_argument("--size", type=int, default=4096)
+    add_workload_arguments(ap)
+
+
 def add_workload_arguments(ap: argparse.ArgumentParser) -> None:
     """The seed workload's options, shared by the benchmarks that prepare it (see :func:`seed_workload`)."""
     ap.add_argument("--batch", type=int, default=16)
@@ -231,13 +242,7 @@ def _print(result: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--backend", default="auto")
-    ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--matmuls", type=int, default=8)
-    ap.add_argument("--size", type=int, default=4096)
-    add_workload_arguments(ap)
+    add_step_arguments(ap)
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
     result = run(args)
