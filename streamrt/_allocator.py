@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, AbstractSet, Callable, Protocol, runtime_checkable
 
 from ._buffer import DEVICE, HOST, Buffer, BufferKind, check_size
 from ._errors import ClosedError
@@ -52,7 +52,7 @@ class Allocator(Protocol):
     def close(self) -> None: ...
 
 
-def release_after_streams(runtime: Runtime, streams: frozenset[Stream] | set[Stream], then: Callable[[], None]) -> None:
+def release_after_streams(runtime: Runtime, streams: AbstractSet[Stream], then: Callable[[], None]) -> None:
     """Call ``then`` once every stream in ``streams`` has passed its current tail.
 
     Non-blocking: events are recorded now; ``then`` runs on a completion lane

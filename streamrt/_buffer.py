@@ -184,7 +184,7 @@ class Buffer:
         count = self._nbytes // dt.itemsize
         if count == 0:
             return np.empty(0, dtype=dt)
-        raw = (ctypes.c_char * self._nbytes).from_address(self._ptr)
+        raw: Any = (ctypes.c_char * self._nbytes).from_address(self._ptr)  # a buffer-protocol object
         arr = np.frombuffer(raw, dtype=dt, count=count)
         if self._readonly:
             arr.flags.writeable = False

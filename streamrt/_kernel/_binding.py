@@ -117,12 +117,11 @@ class PackedArgs:
     def __init__(self, types: Sequence[str], values: Sequence[Any]) -> None:
         self._values = [_CTYPES[t](v) for t, v in zip(types, values, strict=False)]
         n = len(self._values)
+        self._array: ctypes.Array[ctypes.c_void_p] | None = None
+        self.address = 0
         if n:
             self._array = (ctypes.c_void_p * n)(*[ctypes.addressof(v) for v in self._values])
             self.address = ctypes.addressof(self._array)
-        else:
-            self._array = None
-            self.address = 0
 
 
 class BoundArgs:

@@ -268,9 +268,9 @@ class KernelLibrary:
         with self._lock:
             if self._index is None:
                 index: dict[str, str] = {}
-                for src in shipped_sources():
-                    for k in parse_kernels(read_shipped(src)):
-                        index.setdefault(k, src)
+                for source in shipped_sources():
+                    for k in parse_kernels(read_shipped(source)):
+                        index.setdefault(k, source)
                 self._index = index
             src = self._index.get(kernel_name)
         if src is None:

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 from .layout import WorkspaceParams
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from ..._graph import Graph
     from ..._pipeline import Pipeline
     from ..._run import Run
@@ -69,7 +71,7 @@ class PreparePlan:
     def _release(self) -> None:
         """Free what a subclass owns beyond the graph (called once, by :meth:`close`)."""
 
-    def __enter__(self) -> PreparePlan:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
