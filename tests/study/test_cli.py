@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -20,13 +19,10 @@ from streamrt._errors import BackendUnavailableError
 from streamrt._progress import Progress
 
 
-def test_demo_runs_end_to_end_on_sim_within_seconds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    t0 = time.perf_counter()
+def test_demo_runs_end_to_end_on_sim(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     status = main(["demo", "--backend", "sim", "--out-dir", str(tmp_path), "--json", str(tmp_path / "demo.json")])
-    elapsed = time.perf_counter() - t0
     out = capsys.readouterr().out
     assert status == 0, out
-    assert elapsed < 15.0
     for name in ("none", "sync", "stream", "fork", "graph"):
         assert any(line.startswith(name) for line in out.splitlines()), name
     assert "skipping" in out or "device" in out  # device-pack runs or says why it cannot
