@@ -90,9 +90,9 @@ def test_time_blocked_is_not_host_work() -> None:
         buf = rt.device_allocator.allocate(64, stream=s)
         s.memset(buf, 0)
         t0 = b.host_now_us()
-        time.sleep(0.005)
+        time.sleep(0.05)
         s.memset(buf, 1)
-        assert b.host_now_us() - t0 < 1000.0
+        assert b.host_now_us() - t0 < 10_000.0  # the 50 ms asleep are not charged; the CPU work is
         s.synchronize()
 
 
