@@ -381,7 +381,7 @@ class CompletionStatistics:
 class _Entry:
     """One watched event on a lane, and what to do when it completes."""
 
-    __slots__ = ("callback", "channel", "completion", "event", "keepalive", "pooled", "request")
+    __slots__ = ("callback", "channel", "completion", "event", "keepalive", "pooled", "request", "user_event")
 
     def __init__(
         self,
@@ -392,6 +392,7 @@ class _Entry:
         pooled: bool,
         request: HostRequest | None = None,
         channel: HostChannel | None = None,
+        user_event: bool = False,
     ) -> None:
         self.event = event
         self.callback = callback
@@ -400,6 +401,9 @@ class _Entry:
         self.pooled = pooled
         self.request = request  # a host call this event guards: resolved from its stored outcome
         self.channel = channel
+        # A user's event may be re-recorded (on another stream) while watched: its state
+        # then says nothing about the work before it on the lane's stream.
+        self.user_event = user_event
 
 
 class _Lane:
@@ -607,21 +611,26 @@ class _Lane:
         Every event of a lane was recorded on the lane's stream, so one that
         is complete means every event watched before it is: the newest is
         queried first, and when it is done (the usual case after a wait under
-        load) the whole queue is taken with that one query. Otherwise they are
-        queried from the oldest, up to the first not done. A query that raises
-        stops the batch (the next blocking wait reports the error).
+        load) the whole queue is taken with that one query. Otherwise (or when
+        the newest is a user's event, which may have been re-recorded
+        elsewhere) they are queried from the oldest, up to the first not done.
+        A query that raises stops the batch (the next blocking wait reports
+        the error).
         """
         n = len(queue)  # producers only append: the first n entries stay put
-        try:
-            newest_done = query(queue[n - 1].event)
-        except BaseException:  # noqa: BLE001 - the blocking wait reports it next
-            return
-        if newest_done:
-            self._busy += n
-            for _ in range(n):
-                batch.append(queue.popleft())
-            return
-        for _ in range(n - 1):
+        newest = queue[n - 1]
+        if not newest.user_event:
+            try:
+                newest_done = query(newest.event)
+            except BaseException:  # noqa: BLE001 - the blocking wait reports it next
+                return
+            if newest_done:
+                self._busy += n
+                for _ in range(n):
+                    batch.append(queue.popleft())
+                return
+            n -= 1  # the newest is not done
+        for _ in range(n):
             nxt = queue[0]
             try:
                 if not query(nxt.event):
@@ -840,7 +849,8 @@ class CompletionEngine:
         ``lane``: the handle of the stream ``event`` was recorded on (a lane
         relies on its events completing in the order they were watched).
         ``event`` must already be recorded and must be blocking-sync; the
-        caller keeps it alive until the callback ran. ``callback(error)`` gets
+        caller keeps it alive, and does not record it again, until the
+        callback ran. ``callback(error)`` gets
         the exception if waiting for the event raised. Callbacks of one lane
         run in the order they were watched.
         """
@@ -859,7 +869,7 @@ class CompletionEngine:
         self._check_open()
         completion = Completion()
         completion._notifier = self._notifier
-        self._lane(lane).push(_Entry(event, None, completion, None, False))
+        self._lane(lane).push(_Entry(event, None, completion, None, False, user_event=True))
         return completion
 
     def completion_for_stream(self, stream: int, *, keepalive: object = None) -> Completion:

@@ -227,6 +227,31 @@ def test_a_lane_batch_stops_at_the_first_event_not_done(harness: Harness) -> Non
     counting.event_destroy(ev)
 
 
+def test_a_user_event_recorded_again_elsewhere_does_not_retire_earlier_work(harness: Harness, engine: CompletionEngine) -> None:
+    """The newest-first shortcut must not trust a user's event: it may have been re-recorded on another stream."""
+    b = harness.backend
+    s, other = harness.stream(), harness.stream()
+    _held, release, ev = _hold_lane(engine, b, s)
+    first = engine.completion_for_stream(s)
+    gate = harness.gate(s)
+    held_back = engine.completion_for_stream(s)
+    user = b.event_create(timing=False, blocking_sync=True)
+    b.event_record(user, s)
+    awaited = engine.event_completion(user, s)
+    b.event_record(user, other)  # the user records it again, on an idle stream: complete at once
+    b.stream_synchronize(other)
+    release.set()
+    first.wait(5)
+    time.sleep(0.05)
+    assert not held_back.is_done  # still behind the gate
+    gate.open()
+    held_back.wait(5)
+    awaited.wait(5)
+    engine.drain()
+    b.event_destroy(user)
+    b.event_destroy(ev)
+
+
 # -- host calls ----------------------------------------------------------------------------
 
 
