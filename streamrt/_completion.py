@@ -850,9 +850,9 @@ class CompletionEngine:
         relies on its events completing in the order they were watched).
         ``event`` must already be recorded and must be blocking-sync; the
         caller keeps it alive, and does not record it again, until the
-        callback ran. ``callback(error)`` gets
-        the exception if waiting for the event raised. Callbacks of one lane
-        run in the order they were watched.
+        callback ran. ``callback(error)`` gets the exception if waiting for
+        the event raised. Callbacks of one lane run in the order they were
+        watched.
         """
         self._check_open()
         self._lane(lane).push(_Entry(event, callback, None, None, False))
@@ -876,10 +876,10 @@ class CompletionEngine:
         """Record a pooled event on ``stream``; the Completion resolves when all work before it is done.
 
         ``keepalive`` (buffers, callables, anything) is referenced until then
-        and dropped on the lane thread, before the Completion resolves.
-        Must not be called while ``stream``
-        is capturing (the caller checks). Raises the backend's error if the
-        event could not be recorded (nothing is then watched).
+        and dropped on the lane thread, before the Completion resolves. Must
+        not be called while ``stream`` is capturing (the caller checks).
+        Raises the backend's error if the event could not be recorded (nothing
+        is then watched).
         """
         self._check_open()
         event = self._acquire_event()
