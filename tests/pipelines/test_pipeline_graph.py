@@ -112,6 +112,59 @@ def test_update_rebinds_buffers_of_the_same_size(rt: srt.Runtime) -> None:
         g.update({inp2: inp})
 
 
+def test_update_rejects_bad_rebindings_and_keeps_the_graph_as_it_was(rt: srt.Runtime, backend: str) -> None:
+    s = rt.create_stream()
+    p, inp, out = _scale_pipeline(rt, s)
+    g = p.capture(s)
+    spare = rt.device_allocator.allocate(inp.nbytes, stream=s)
+    released = rt.device_allocator.allocate(inp.nbytes)
+    released.release()
+    readonly = srt.Buffer(spare.ptr, spare.nbytes, "device", rt, owner=spare, readonly=True)
+    with pytest.raises(TypeError, match="mapping"):
+        g.update([(inp, spare)])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Buffers"):
+        g.update({inp: np.zeros(256, np.int32)})  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match="was released"):
+        g.update({inp: released})
+    with pytest.raises(ValueError, match="read-only"):
+        g.update({out: readonly})  # the graph writes `out`
+    with srt.open_runtime(backend) as other:
+        with pytest.raises(ValueError, match="another runtime"):
+            g.update({inp: other.device_allocator.allocate(inp.nbytes)})
+    g.update({})  # nothing to rebind: nothing re-captured
+    assert g.updates == 0
+    upload(rt, s, np.arange(256, dtype=np.int32), dst=inp)
+    g.launch(s).result(10)
+    assert np.array_equal(download(rt, s, out, np.int32), np.arange(256) * 3)
+    g.close()
+
+
+def test_update_refuses_a_rebinding_that_makes_a_copy_overlap(rt: srt.Runtime) -> None:
+    s = rt.create_stream()
+    a = rt.device_allocator.allocate(64, stream=s)
+    b = rt.device_allocator.allocate(64, stream=s)
+    p = srt.Pipeline("d2d")
+    p.copy(dst=b, src=a)
+    g = p.capture(s)
+    with pytest.raises(ValueError, match="overlap"):
+        g.update({b: a})
+    assert g.updates == 0
+    g.close()
+
+
+def test_graph_launch_takes_a_stream_of_its_own_runtime(rt: srt.Runtime, backend: str) -> None:
+    s = rt.create_stream()
+    p, _inp, _out = _scale_pipeline(rt, s)
+    with p.capture(s) as g:
+        with pytest.raises(TypeError, match="Stream"):
+            g.launch(object())  # type: ignore[arg-type]
+        with srt.open_runtime(backend) as other:
+            with pytest.raises(ValueError, match="another runtime"):
+                g.launch(other.create_stream())
+        assert g.replays == 0
+    assert g.is_closed
+
+
 def test_a_released_buffer_stops_replays_until_rebound(rt: srt.Runtime) -> None:
     s = rt.create_stream()
     p, _inp, out = _scale_pipeline(rt, s)
