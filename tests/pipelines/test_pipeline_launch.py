@@ -53,6 +53,24 @@ def test_every_policy_gives_the_same_result(rt: srt.Runtime, policy: str) -> Non
         g.close()
 
 
+def test_a_run_names_itself_and_refuses_bad_questions(rt: srt.Runtime) -> None:
+    s = rt.create_stream()
+    p, *_ = _round_trip(rt, s)
+    gate = Gate()
+    s.launch_host_func(gate)
+    try:
+        run = p.launch(s)
+        assert repr(run) == "<Run 'round-trip' stream running>" and run.name == "round-trip"
+    finally:
+        gate.open()
+    run.wait(10)
+    assert repr(run) == "<Run 'round-trip' stream done>"
+    with pytest.raises(KeyError, match="not a Python host node"):
+        run.host_result("nope")
+    with pytest.raises(TypeError, match="join takes a Stream"):
+        run.join("stream")  # type: ignore[arg-type]
+
+
 def test_fork_runs_the_round_trip_on_a_side_stream(rt: srt.Runtime) -> None:
     s = rt.create_stream()
     p, *_ = _round_trip(rt, s)
