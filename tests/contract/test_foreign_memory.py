@@ -30,6 +30,37 @@ def test_objects_without_memory_are_rejected(rt: srt.Runtime) -> None:
         rt.as_buffer(object())
 
 
+def test_none_and_unsupported_foreign_memory_are_rejected(rt: srt.Runtime) -> None:
+    class StridedDevice:  # a CUDA-array-interface object with a gap between its rows
+        __cuda_array_interface__ = {"data": (0, False), "typestr": "<i4", "shape": (4, 4), "strides": (32, 4), "version": 3}
+
+    class OtherDevice:  # DLPack memory on a device type streamrt does not know (Vulkan)
+        def __dlpack__(self) -> object:
+            raise AssertionError("never consumed")
+
+        def __dlpack_device__(self) -> tuple[int, int]:
+            return (7, 0)
+
+    with pytest.raises(TypeError, match="got None"):
+        rt.as_buffer(None)
+    with pytest.raises(ValueError, match="contiguous"):
+        rt.as_buffer(StridedDevice())
+    with pytest.raises(TypeError, match="unsupported DLPack device type 7"):
+        rt.as_buffer(OtherDevice())
+
+
+def test_host_views_check_the_element_size_and_keep_read_only_memory_read_only(rt: srt.Runtime) -> None:
+    h = rt.host_allocator.allocate(6)
+    with pytest.raises(ValueError, match="whole number"):
+        h.numpy(np.int32)
+    assert h.view(0, 0).numpy(np.int32).shape == (0,)
+    frozen = np.arange(4, dtype=np.int32)
+    frozen.flags.writeable = False
+    view = rt.as_buffer(frozen).numpy(np.int32)
+    assert view.tolist() == [0, 1, 2, 3] and not view.flags.writeable
+    h.release()
+
+
 def test_torch_cpu_tensor_through_dlpack(rt: srt.Runtime) -> None:
     torch = pytest.importorskip("torch")
     t = torch.arange(8, dtype=torch.int32)
