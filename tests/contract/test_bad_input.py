@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -171,6 +173,38 @@ def test_unknown_backend_name() -> None:
 def test_device_out_of_range(backend) -> None:
     with pytest.raises(ValueError, match="does not exist"):
         srt.open_runtime(backend, device=4096)
+
+
+def _runtime_threads() -> int:
+    return sum(t.name.startswith("streamrt") and t.is_alive() for t in threading.enumerate())
+
+
+def test_bad_runtime_arguments_are_refused_and_leave_nothing_open(backend) -> None:
+    threads = _runtime_threads()
+    with pytest.raises(TypeError, match="backend must be a str"):
+        srt.open_runtime(0)
+    for device in (-1, True, 1.0):
+        with pytest.raises(ValueError, match="non-negative int"):
+            srt.open_runtime(backend, device)
+    with pytest.raises(ValueError, match="unknown allocator 'bogus'"):
+        srt.open_runtime(backend, host_allocator="bogus")
+    with pytest.raises(TypeError, match="cannot use int as an allocator"):
+        srt.open_runtime(backend, device_allocator=3)
+    with pytest.raises(TypeError, match="must return an object implementing"):
+        srt.open_runtime(backend, host_allocator=lambda rt, kind: object())
+    assert _runtime_threads() == threads  # the failed opens stopped what they had started
+    with srt.open_runtime(backend) as rt:
+        with pytest.raises(ValueError, match="cannot serve device memory"):
+            srt.open_runtime(backend, device_allocator=rt.host_allocator)
+        with pytest.raises(TypeError, match="priority must be an int"):
+            rt.create_stream("high")
+        with pytest.raises(TypeError, match="cannot wrap str as a stream"):
+            rt.wrap_stream("default")
+        with srt.open_runtime(backend) as other:
+            with pytest.raises(ValueError, match="another runtime"):
+                rt.wrap_stream(other.create_stream())
+        s = rt.create_stream()
+        s.synchronize()
 
 
 def _peek_last_error(rt: srt.Runtime) -> int | None:
