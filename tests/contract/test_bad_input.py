@@ -147,6 +147,47 @@ def test_read_only_destination(rt, setup) -> None:
     _nothing_enqueued(rt, s, d, h)
 
 
+def test_read_only_memset_destination(rt, setup) -> None:
+    s, d, h = setup
+    ro = srt.Buffer(d.ptr, d.nbytes, "device", rt, owner=d, readonly=True)
+    with pytest.raises(ValueError, match="read-only"):
+        s.memset(ro, 0)
+    _nothing_enqueued(rt, s, d, h)
+
+
+def test_event_and_ordering_calls_take_their_own_types(rt, setup) -> None:
+    s, d, h = setup
+    timing = rt.create_event(timing=True)
+    with pytest.raises(TypeError, match="record takes an Event"):
+        s.record("event")
+    with pytest.raises(TypeError, match="wait takes an Event"):
+        s.wait(None)
+    with pytest.raises(TypeError, match="wait_stream takes a Stream"):
+        s.wait_stream(0)
+    with pytest.raises(TypeError, match="elapsed_ms takes an Event"):
+        timing.elapsed_ms(1.0)
+    closed = rt.create_event()
+    closed.close()
+    for call in (lambda: s.record(closed), lambda: s.wait(closed), lambda: closed.synchronize(),
+                 lambda: timing.elapsed_ms(closed), lambda: closed.completion()):  # fmt: skip
+        with pytest.raises(srt.ClosedError, match="event is closed"):
+            call()
+    _nothing_enqueued(rt, s, d, h)
+    timing.close()
+
+
+def test_native_host_function_user_data_is_one_address_like_value(rt, setup) -> None:
+    import ctypes
+
+    s, d, h = setup
+    noop = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _p: None)
+    with pytest.raises(TypeError, match="one user-data argument"):
+        s.launch_host_func(noop, 1, 2)
+    with pytest.raises(TypeError, match="cannot pass str as user data"):
+        s.launch_host_func(noop, "data")
+    _nothing_enqueued(rt, s, d, h)
+
+
 def test_buffer_used_after_release_and_released_twice(rt, setup) -> None:
     s, d, h = setup
     tmp = rt.device_allocator.allocate(64)
