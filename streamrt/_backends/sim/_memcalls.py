@@ -31,27 +31,20 @@ class MemoryCalls(SimCore):
     # == memory =====================================================================================
     def malloc(self, nbytes: int) -> int:
         """Device memory on the current device; ``0`` for 0 bytes. OOM raises :class:`~streamrt.OutOfMemoryError`."""
-        call = "malloc"
-        tls = self._enter(call)
-        n = check_count(nbytes, "nbytes", call)
-        with self._lock:
-            self._unsafe_during_capture(call)
-            if n == 0:
-                return 0
-            alloc = self._mem.allocate(n, DEVICE, tls.device)
-            self._charge(tls)
-            return alloc.base
+        return self._malloc_sync(nbytes, DEVICE, "malloc")
 
     def host_malloc(self, nbytes: int) -> int:
         """Pinned host memory; ``0`` for 0 bytes."""
-        call = "host_malloc"
+        return self._malloc_sync(nbytes, HOST, "host_malloc")
+
+    def _malloc_sync(self, nbytes: Any, kind: PointerKind, call: str) -> int:
         tls = self._enter(call)
         n = check_count(nbytes, "nbytes", call)
         with self._lock:
             self._unsafe_during_capture(call)
             if n == 0:
                 return 0
-            alloc = self._mem.allocate(n, HOST, tls.device)
+            alloc = self._mem.allocate(n, kind, tls.device)
             self._charge(tls)
             return alloc.base
 
