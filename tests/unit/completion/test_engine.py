@@ -172,8 +172,8 @@ class CountingQueries:
         return bool(self._inner.event_query(event))
 
 
-def _hold_lane(engine: CompletionEngine, backend: Any, stream: int) -> tuple[threading.Event, threading.Event, int]:
-    """Keep ``stream``'s lane busy in a callback until the returned ``release`` is set."""
+def _hold_lane(engine: CompletionEngine, backend: Any, stream: int) -> tuple[threading.Event, int]:
+    """Keep ``stream``'s lane busy in a callback until the returned ``release`` is set; also returns its event."""
     held, release = threading.Event(), threading.Event()
     ev = backend.event_create(timing=False, blocking_sync=True)
     backend.event_record(ev, stream)
@@ -184,7 +184,7 @@ def _hold_lane(engine: CompletionEngine, backend: Any, stream: int) -> tuple[thr
 
     engine.watch_event(ev, stream, hold)
     assert held.wait(5)
-    return held, release, ev
+    return release, ev
 
 
 def test_a_lane_retires_everything_behind_a_done_newest_event_after_one_query(harness: Harness) -> None:
@@ -192,7 +192,7 @@ def test_a_lane_retires_everything_behind_a_done_newest_event_after_one_query(ha
     counting = CountingQueries(harness.backend)
     engine = harness.engine(counting)
     s = harness.stream()
-    _held, release, ev = _hold_lane(engine, counting, s)
+    release, ev = _hold_lane(engine, counting, s)
     order: list[int] = []
     cs = [engine.completion_for_stream(s) for _ in range(30)]
     for i, c in enumerate(cs):
@@ -208,11 +208,9 @@ def test_a_lane_retires_everything_behind_a_done_newest_event_after_one_query(ha
     counting.event_destroy(ev)
 
 
-def test_a_lane_batch_stops_at_the_first_event_not_done(harness: Harness) -> None:
-    counting = CountingQueries(harness.backend)
-    engine = harness.engine(counting)
+def test_a_lane_batch_stops_at_the_first_event_not_done(harness: Harness, engine: CompletionEngine) -> None:
     s = harness.stream()
-    _held, release, ev = _hold_lane(engine, counting, s)
+    release, ev = _hold_lane(engine, harness.backend, s)
     done = [engine.completion_for_stream(s) for _ in range(3)]
     gate = harness.gate(s)
     later = engine.completion_for_stream(s)
@@ -224,14 +222,14 @@ def test_a_lane_batch_stops_at_the_first_event_not_done(harness: Harness) -> Non
     gate.open()
     later.wait(5)
     engine.drain()
-    counting.event_destroy(ev)
+    harness.backend.event_destroy(ev)
 
 
 def test_a_user_event_recorded_again_elsewhere_does_not_retire_earlier_work(harness: Harness, engine: CompletionEngine) -> None:
     """The newest-first shortcut must not trust a user's event: it may have been re-recorded on another stream."""
     b = harness.backend
     s, other = harness.stream(), harness.stream()
-    _held, release, ev = _hold_lane(engine, b, s)
+    release, ev = _hold_lane(engine, b, s)
     first = engine.completion_for_stream(s)
     gate = harness.gate(s)
     held_back = engine.completion_for_stream(s)
