@@ -25,6 +25,12 @@ Columns, interleaved per round (medians over rounds of per-call medians):
 ``--profile`` also prints the functions that took the most time per call
 (cProfile) for each streamrt column in the idle mode.
 
+``--split`` also splits each streamrt column's idle call into the backend
+calls made inside it (wall time around each, the GIL re-acquired on return
+included) and the rest: streamrt's own Python, plus any time the GIL was taken
+from it between backend calls. Medians of per-call values, measured after the
+rounds with the backend's calls wrapped by timers.
+
     python demos/bench/enqueue_cost.py --backend cuda --out enqueue_cuda.json
 """
 
@@ -37,6 +43,7 @@ import json
 import pstats
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -53,6 +60,61 @@ from streamrt._native import SEM_POST_ADDRESS, Semaphore
 from streamrt.recipes.fmha_bwd import WorkspacePrepare, workspace_size
 
 COLUMNS = ("raw ops", "stream", "fork", "raw graph", "graph")
+#: The backend calls a launch makes, timed by ``--split``.
+_LAUNCH_CALLS = (
+    "memset_async",
+    "memcpy_async",
+    "launch_host_func",
+    "event_record",
+    "stream_wait_event",
+    "graph_launch",
+    "stream_is_capturing",
+    "ensure_device",
+)
+
+
+def _split(backend: Any, calls: dict[str, Callable[[], Any]], s: srt.Stream, warmup: int, n: int) -> dict[str, dict[str, float]]:
+    """Per column (idle): median µs of the whole call, of its backend calls, and of the rest (see ``--split``)."""
+    main = threading.get_ident()
+    spent = [0.0]
+
+    def timed(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() != main:
+                return fn(*args, **kwargs)
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - t0
+
+        return call
+
+    originals = {name: getattr(backend, name) for name in _LAUNCH_CALLS}
+    for name, fn in originals.items():
+        setattr(backend, name, timed(fn))
+    out: dict[str, dict[str, float]] = {}
+    try:
+        for name, fn in calls.items():
+            whole: list[float] = []
+            inside: list[float] = []
+            for i in range(warmup + n):
+                s.synchronize()
+                spent[0] = 0.0
+                t0 = time.perf_counter()
+                r = fn()
+                t1 = time.perf_counter()
+                backend_s = spent[0]
+                r.wait()
+                if i >= warmup:
+                    whole.append(t1 - t0)
+                    inside.append(backend_s)
+            rest = [w - b for w, b in zip(whole, inside)]
+            out[name] = {k: statistics.median(v) * 1e6 for k, v in (("call", whole), ("backend", inside), ("rest", rest))}
+    finally:
+        for name, fn in originals.items():
+            setattr(backend, name, fn)
+    return out
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -156,6 +218,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 buf = io.StringIO()
                 pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(18)
                 profiles[c] = buf.getvalue()
+        split = _split(b, {c: calls[c] for c in ("stream", "fork", "graph")}, s, args.warmup, args.calls) if args.split else {}
         s.synchronize()
         prep.close()
         scratch.release()
@@ -173,6 +236,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "summary_us": summary,
         "rounds_us": per_round,
         "profiles": profiles,
+        "split_us": split,
     }
 
 
@@ -182,6 +246,10 @@ def _print(result: dict[str, Any]) -> None:
     print(f"{'mode':<6}" + "".join(f"{c:>11}" for c in COLUMNS))
     for mode, cols in result["summary_us"].items():
         print(f"{mode:<6}" + "".join(f"{cols[c]:>11.2f}" for c in COLUMNS))
+    if result["split_us"]:
+        print("\nsplit (idle; median us per call): call = backend calls + the rest (streamrt's Python, GIL waits)")
+        for name, parts in result["split_us"].items():
+            print(f"  {name:<7} call {parts['call']:8.2f}  backend {parts['backend']:8.2f}  rest {parts['rest']:8.2f}")
     for name, text in result["profiles"].items():
         print(f"\n== cProfile, {name} (200 idle calls)\n{text}")
 
@@ -196,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spin-us", type=float, default=300.0, help="device work after each call in the busy mode")
     add_workload_arguments(ap)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--split", action="store_true", help="split each idle streamrt call into backend calls and the rest")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     result = run(args)
