@@ -233,7 +233,7 @@ def test_bad_runtime_arguments_are_refused_and_leave_nothing_open(backend) -> No
         srt.open_runtime(backend, device_allocator=3)
     with pytest.raises(TypeError, match="must return an object implementing"):
         srt.open_runtime(backend, host_allocator=lambda rt, kind: object())
-    assert _runtime_threads() == threads  # the failed opens stopped what they had started
+    assert _runtime_threads() <= threads  # the failed opens stopped what they started (earlier tests' may still be exiting)
     with srt.open_runtime(backend) as rt:
         with pytest.raises(ValueError, match="cannot serve device memory"):
             srt.open_runtime(backend, device_allocator=rt.host_allocator)
