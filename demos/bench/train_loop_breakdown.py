@@ -17,7 +17,9 @@ each variant is the warm one.
 
     python demos/bench/train_loop_breakdown.py --size s --out breakdown.json
 
-Needs torch with CUDA and a GPU runtime.
+Needs torch with CUDA and a GPU runtime; ``--device cpu`` times the same
+pieces with CPU torch and the simulator (torch then computes on the host, so
+only streamrt's own pieces are comparable with a GPU run).
 """
 
 from __future__ import annotations
@@ -89,13 +91,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="s", choices=sorted(SIZES))
     ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--backend", default="auto", help="streamrt backend of (b) (a GPU backend)")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="torch's device (cpu: the simulator runs (b))")
+    ap.add_argument("--backend", default=None, help="streamrt backend of (b) (default: auto on cuda, sim on cpu)")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("needs torch with CUDA", file=sys.stderr)
+    on_gpu = args.device == "cuda"
+    if on_gpu and not torch.cuda.is_available():
+        print("needs torch with CUDA (or --device cpu)", file=sys.stderr)
         return 2
-    device = torch.device("cuda", 0)
+    device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
+    backend = args.backend or ("auto" if on_gpu else "sim")
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
     cfg = config(args.size, args.steps)
     timers = Timers()
     rows: list[dict[str, Any]] = []
@@ -118,14 +124,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for variant in ("a", "b", "a", "b"):
             timers.totals.clear()
-            torch.cuda.synchronize()
+            sync()
             t0 = time.perf_counter()
             if variant == "a":
                 demo.run_plain(cfg, device)
             else:
-                with srt.open_runtime(args.backend) as rt:
+                with srt.open_runtime(backend) as rt:
                     demo.run_streamrt(cfg, device, rt)
-            torch.cuda.synchronize()
+            sync()
             per_step = (time.perf_counter() - t0) * 1e3 / cfg.steps
             pieces = ", ".join(f"{k} {v * 1e3 / cfg.steps:.3f}" for k, v in sorted(timers.totals.items()))
             print(f"[{args.size}] ({variant}) {per_step:.3f} ms/step: {pieces}", flush=True)
@@ -137,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         demo.synthetic_batches = make_batches
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"size": args.size, "steps": args.steps, "device": torch.cuda.get_device_name(device), "rows": rows}, f, indent=2)
+            json.dump({"size": args.size, "steps": args.steps, "device": torch.cuda.get_device_name(device) if on_gpu else "cpu (sim)", "rows": rows}, f, indent=2)
     return 0
 
 
