@@ -169,7 +169,12 @@ class Runtime:
         self._engine = CompletionEngine(engine_backend, device, python_host_switch_interval=python_host_switch_interval)
         try:
             self._host_allocator = self._make_allocator(host_allocator, HOST)
-            self._device_allocator = self._make_allocator(device_allocator, DEVICE)
+            try:
+                self._device_allocator = self._make_allocator(device_allocator, DEVICE)
+            except BaseException:
+                if self._host_allocator is not host_allocator:  # made here, not the caller's
+                    self._host_allocator.close()
+                raise
         except BaseException:
             self._engine.close()
             self.releaser.close()

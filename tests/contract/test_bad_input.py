@@ -216,6 +216,14 @@ def test_device_out_of_range(backend) -> None:
         srt.open_runtime(backend, device=4096)
 
 
+class _ClosingRecorded(srt.RawAllocator):
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+        super().close()
+
+
 def _runtime_threads() -> int:
     return sum(t.name.startswith("streamrt") and t.is_alive() for t in threading.enumerate())
 
@@ -233,6 +241,15 @@ def test_bad_runtime_arguments_are_refused_and_leave_nothing_open(backend) -> No
         srt.open_runtime(backend, device_allocator=3)
     with pytest.raises(TypeError, match="must return an object implementing"):
         srt.open_runtime(backend, host_allocator=lambda rt, kind: object())
+    made: list[_ClosingRecorded] = []
+
+    def host_factory(rt: srt.Runtime, kind: str) -> srt.Allocator:
+        made.append(_ClosingRecorded(rt, kind))
+        return made[-1]
+
+    with pytest.raises(TypeError, match="cannot use int as an allocator"):
+        srt.open_runtime(backend, host_allocator=host_factory, device_allocator=3)
+    assert len(made) == 1 and made[0].closed  # the host allocator it had made is closed again
     assert _runtime_threads() <= threads  # the failed opens stopped what they started (earlier tests' may still be exiting)
     with srt.open_runtime(backend) as rt:
         with pytest.raises(ValueError, match="cannot serve device memory"):
