@@ -42,6 +42,7 @@ import numpy as np
 from train_step import (  # the training-step harness (same work, same stream)
     _torch_work,
     add_step_arguments,
+    report,
     seed_workload,
 )
 
@@ -336,12 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sleep-reps", type=int, default=20)
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
-    result = run(args)
-    _print(result)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
-    return 0 if result["metadata_matches_reference"] else 1
+    return report(run(args), args.out, _print)
 
 
 if __name__ == "__main__":

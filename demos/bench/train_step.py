@@ -240,17 +240,21 @@ def _print(result: dict[str, Any]) -> None:
     print("metadata matches the reference:", "yes" if result["metadata_matches_reference"] else "NO")
 
 
+def report(result: dict[str, Any], out: str | None, print_result: Callable[[dict[str, Any]], None]) -> int:
+    """Print ``result``, write it as JSON to ``out`` (if given); the exit status: 1 if the metadata was wrong."""
+    print_result(result)
+    if out:
+        with open(out, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0 if result["metadata_matches_reference"] else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_step_arguments(ap)
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
-    result = run(args)
-    _print(result)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
-    return 0 if result["metadata_matches_reference"] else 1
+    return report(run(args), args.out, _print)
 
 
 if __name__ == "__main__":
