@@ -87,24 +87,47 @@ def _set_futures(futures: list[asyncio.Future[None]]) -> None:
 
 
 class _LoopNotifier:
-    """Posts wake-ups to event loops; warns once (per engine) when a loop is already closed."""
+    """Posts wake-ups to event loops, coalesced per loop; warns once (per engine) when a loop is closed.
 
-    __slots__ = ("_lock", "warned")
+    While one post to a loop has not run yet, later batches for that loop join
+    it: one ``call_soon_threadsafe`` (one self-pipe write, one loop callback)
+    wakes every awaiter retired meanwhile, by any lane, each lane's in order.
+    """
+
+    __slots__ = ("_lock", "_queued", "warned")
 
     def __init__(self) -> None:
         self.warned = False
         self._lock = threading.Lock()
+        # loop -> futures posted and not yet set (their wake-up is scheduled on the loop)
+        self._queued: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
 
     def post(self, loop: asyncio.AbstractEventLoop, futures: list[asyncio.Future[None]]) -> None:
+        """Have ``loop`` set ``futures`` (a list the notifier may extend) soon; any thread."""
+        with self._lock:
+            queued = self._queued.get(loop)
+            if queued is not None and not loop.is_closed():
+                queued.extend(futures)
+                return
+            self._queued[loop] = futures  # (a closed loop's stale entry is replaced, then dropped below)
         try:
             if _get_running_loop() is loop:
-                loop.call_soon(_set_futures, futures)
+                loop.call_soon(self._flush, loop)
             else:
-                loop.call_soon_threadsafe(_set_futures, futures)
+                loop.call_soon_threadsafe(self._flush, loop)
         except RuntimeError:
+            with self._lock:
+                if self._queued.get(loop) is futures:
+                    del self._queued[loop]
             if not loop.is_closed():
                 raise
             self._loop_closed()
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the loop's thread: set every future queued for it."""
+        with self._lock:
+            futures = self._queued.pop(loop)
+        _set_futures(futures)
 
     def _loop_closed(self) -> None:
         with self._lock:

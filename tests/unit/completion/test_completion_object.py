@@ -232,3 +232,55 @@ def test_loop_closed_before_resolution_warns_once_and_does_not_crash() -> None:
     assert all(c.is_done for c in completions)
     for task in tasks:  # silence "Task was destroyed but it is pending"
         task._log_destroy_pending = False  # type: ignore[attr-defined]
+
+
+class _CountingLoop(asyncio.SelectorEventLoop):
+    """An event loop that counts its ``call_soon_threadsafe`` calls (each is one self-pipe wake-up)."""
+
+    threadsafe_calls = 0
+
+    def call_soon_threadsafe(self, *args, **kwargs):  # type: ignore[no-untyped-def, override]
+        self.threadsafe_calls += 1
+        return super().call_soon_threadsafe(*args, **kwargs)
+
+
+def test_posts_to_a_loop_coalesce_until_the_loop_runs_them() -> None:
+    notifier = _LoopNotifier()
+    loop = _CountingLoop()
+    try:
+        futures = [loop.create_future() for _ in range(6)]
+        order: list[int] = []
+        for i, fut in enumerate(futures):
+            fut.add_done_callback(lambda _f, i=i: order.append(i))
+        for batch in (futures[0:2], futures[2:3], futures[3:6]):  # three lane batches, before the loop runs
+            t = threading.Thread(target=notifier.post, args=(loop, list(batch)))
+            t.start()
+            t.join()
+        assert loop.threadsafe_calls == 1  # one wake-up carries all three batches
+        loop.run_until_complete(asyncio.gather(*futures))
+        assert order == list(range(6))
+        # Once run, the next post wakes the loop again.
+        late = loop.create_future()
+        t = threading.Thread(target=notifier.post, args=(loop, [late]))
+        t.start()
+        t.join()
+        loop.run_until_complete(late)
+        assert loop.threadsafe_calls == 2
+        assert not notifier._queued
+    finally:
+        loop.close()
+
+
+def test_a_post_pending_on_a_loop_that_closes_is_dropped_with_the_warning() -> None:
+    notifier = _LoopNotifier()
+    loop = asyncio.new_event_loop()
+    first, second, third = (loop.create_future() for _ in range(3))
+    notifier.post(loop, [first])  # scheduled, never run: the loop closes first
+    loop.close()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        notifier.post(loop, [second])  # not appended to the dead post: it warns
+        notifier.post(loop, [third])
+    relevant = [w for w in caught if "event loop was closed" in str(w.message)]
+    assert len(relevant) == 1
+    assert not notifier._queued  # nothing keeps the closed loop alive
