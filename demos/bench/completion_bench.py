@@ -37,6 +37,7 @@ import statistics
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -99,14 +100,17 @@ async def _latency_bridge(rt: srt.Runtime, s: srt.Stream, d: srt.Buffer, n: int)
 async def _latency_numba(rt: srt.Runtime, s: srt.Stream, d: srt.Buffer, n: int) -> list[float] | None:
     if rt.backend_name != "cuda":
         return None
-    # numba-cuda's own ctypes binding: with NVIDIA's binding its async_done reads a `.value`
-    # the CUstream object lacks (AttributeError in numba-cuda 0.2x on cuda-bindings 13).
-    os.environ.setdefault("NUMBA_CUDA_USE_NVIDIA_BINDING", "0")
     try:
         from numba import cuda  # type: ignore[import-not-found]
     except Exception:  # noqa: BLE001 - optional comparison
         return None
     ns = cuda.external_stream(s.handle)
+    if not hasattr(ns.handle, "value"):
+        # numba-cuda's add_callback passes `self.handle.value` to cuStreamAddCallback; on
+        # cuda-bindings 13 the handle is a CUstream, which has no `.value` (AttributeError).
+        # Give it one: the mechanism measured (a Python callback on the driver thread, then
+        # call_soon_threadsafe) is numba's own, unchanged.
+        ns.handle = types.SimpleNamespace(value=ns.handle)
     out = []
     for _ in range(n):
         t0 = time.perf_counter()

@@ -12,6 +12,9 @@ piece that waits for the GIL is charged that wait):
   ``check.poll``;
 * (a) only: ``copy_``, ``item``.
 
+``--profile N`` then runs each variant once more under cProfile (main thread
+only, without the timers) and prints its N functions of most own time per step.
+
 Prints ms per step per piece (``--out``: also as JSON). The second pass of
 each variant is the warm one.
 
@@ -26,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import collections
+import cProfile
 import json
+import pstats
 import sys
 import threading
 import time
@@ -93,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="torch's device (cpu: the simulator runs (b))")
     ap.add_argument("--backend", default=None, help="streamrt backend of (b) (default: auto on cuda, sim on cpu)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N", help="also print each variant's top N functions (cProfile)")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
     on_gpu = args.device == "cuda"
@@ -141,6 +147,22 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         timers.restore()
         demo.synthetic_batches = make_batches
+    for variant in ("a", "b") if args.profile else ():
+        profile = cProfile.Profile()
+        sync()
+        with profile:
+            if variant == "a":
+                demo.run_plain(cfg, device)
+            else:
+                with srt.open_runtime(backend) as rt:
+                    demo.run_streamrt(cfg, device, rt)
+            sync()
+        print(f"[{args.size}] ({variant}) under cProfile, top {args.profile} by own time, us per step:")
+        stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+        rows_by_own = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[: args.profile]
+        for (file, line, fn), (_cc, ncalls, own, total, _callers) in rows_by_own:
+            where = f"{file.rsplit('/', 1)[-1]}:{line}({fn})"
+            print(f"  {own * 1e6 / cfg.steps:9.1f} own {total * 1e6 / cfg.steps:9.1f} total {ncalls / cfg.steps:7.1f} calls  {where}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"size": args.size, "steps": args.steps, "device": torch.cuda.get_device_name(device) if on_gpu else "cpu (sim)", "rows": rows}, f, indent=2)
