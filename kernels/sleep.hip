@@ -16,32 +16,41 @@
 // them, and times the parts before the first step and after the latest one in cycles:
 // the sleep then ends within a few cycles of the requested time. Sleeps shorter than two
 // steps count from the first step instead (never short; up to two steps long).
+//
+// Never short, even if the thread is held up between two clock reads (a preempted
+// emulation thread; time-sliced compute): each timer read is bracketed by two cycle
+// reads, so the cycle count at a step is known to lie between the cycles read before the
+// previous timer read and the cycles read after this one. The spin uses the bounds that
+// make its estimate a lower bound: the earliest start of the pre-step part, the latest end
+// of the last step, and the largest cycles-per-tick they allow. Unhindered, the bounds
+// are a loop iteration apart, which is all the precision they cost.
 #include "streamrt_kernel.h"
 
-// Spin until `ticks` timer ticks have passed since the call; returns the ticks spun.
+// Spin until `ticks` timer ticks have passed since the call; returns the ticks spun (at most the time it really spun).
 SRT_DEVICE double srt_spin_ticks(srt_u64 ticks) {
     const srt_u64 c0 = srt_cycles();
-    const srt_u64 t0 = srt_timer_ticks();
-    srt_u64 prev = t0;
-    srt_u64 first_t = 0, first_c = 0, last_t = 0, last_c = 0;  // the first and the latest step seen
+    srt_u64 prev_t = srt_timer_ticks();
+    srt_u64 prev_before = c0;  // cycles read before prev_t was read
+    srt_u64 first_t = 0, first_lo = 0, last_t = 0, last_hi = 0;  // the first and the latest step seen, with bounds
     int steps = 0;
     for (;;) {
+        const srt_u64 before = srt_cycles();
         const srt_u64 t = srt_timer_ticks();
-        const srt_u64 c = srt_cycles();
-        if (t != prev) {
-            prev = t;
+        const srt_u64 after = srt_cycles();
+        if (t != prev_t) {  // a step to t happened after prev_t was read: its cycles lie in [prev_before, after]
             if (steps == 0) {
                 first_t = t;
-                first_c = c;
+                first_lo = prev_before;
             }
             last_t = t;
-            last_c = c;
+            last_hi = after;
             if (steps < 2) ++steps;
         }
+        prev_t = t;
+        prev_before = before;
         if (steps >= 2) {
-            const double cycles_per_tick = (double)(last_c - first_c) / (double)(last_t - first_t);
-            const double spun = (double)(last_t - first_t) + (double)(first_c - c0) / cycles_per_tick +
-                                (double)(c - last_c) / cycles_per_tick;
+            const double cycles_per_tick = (double)(last_hi - first_lo) / (double)(last_t - first_t);  // >= the true rate
+            const double spun = (double)(last_t - first_t) + ((double)(first_lo - c0) + ((double)after - (double)last_hi)) / cycles_per_tick;
             if (spun >= (double)ticks) return spun;
         } else if (steps == 1 && t - first_t >= ticks) {
             return (double)(t - first_t);  // the start was before first_t: never short

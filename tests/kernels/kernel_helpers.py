@@ -104,7 +104,7 @@ def emulation_library() -> ctypes.CDLL | str:
     lib.emu_fmha_bwd_prepare.argtypes = [u32, u32, ptr, ptr, ptr] + [i32] * 10
     lib.emu_fill_u32.argtypes = [u32, u32, ptr, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32]
     lib.emu_checksum_u32.argtypes = [u32, u32, ptr, ctypes.c_uint64, ptr]
-    lib.emu_spin_sleep.argtypes = [ptr, ctypes.c_double, ctypes.c_double, ctypes.c_uint64]
+    lib.emu_spin_sleep.argtypes = [ptr, ctypes.c_double, ctypes.c_double, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64]
     lib.emu_spin_sleep.restype = ctypes.c_double
     return lib
 

@@ -84,8 +84,18 @@ def test_emulated_sleep_is_never_short_even_with_a_coarse_timer(emu: object, tim
     end early, and the time the kernel reports is no more than it really ran (so it is not short either).
     (No upper bound on the real time: this machine may preempt the thread.)"""
     out = np.zeros(2, np.float64)
-    real_ns = emu.emu_spin_sleep(out.ctypes.data, microseconds, 0.0, timer_step_ns)  # type: ignore[attr-defined]
+    real_ns = emu.emu_spin_sleep(out.ctypes.data, microseconds, 0.0, timer_step_ns, 0, 0)  # type: ignore[attr-defined]
     assert out[1] == 1000.0
     assert out[0] >= microseconds
     assert real_ns >= microseconds * 1000 * 0.999
+    assert out[0] <= real_ns / 1000 * 1.01 + 0.2
+
+
+@pytest.mark.parametrize("stall_at_read", range(1, 40))
+def test_emulated_sleep_is_never_short_when_the_thread_is_held_up_between_clock_reads(emu: object, stall_at_read: int) -> None:
+    """A 10 us sleep on a 1 us timer, with the thread held up 5 us right after one of its timer
+    reads (before the cycle read that goes with it): whichever read it is, the sleep is not short."""
+    out = np.zeros(2, np.float64)
+    real_ns = emu.emu_spin_sleep(out.ctypes.data, 10.0, 0.0, 1024, stall_at_read, 5000)  # type: ignore[attr-defined]
+    assert real_ns >= 10.0 * 1000 * 0.999
     assert out[0] <= real_ns / 1000 * 1.01 + 0.2

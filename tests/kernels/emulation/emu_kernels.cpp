@@ -27,9 +27,14 @@ void emu_checksum_u32(unsigned grid_x, unsigned block_x, const srt_u32* data, sr
 }
 
 // Returns the nanoseconds the kernel really ran (by the fine clock), with the timer advancing
-// in steps of timer_step_ns.
-double emu_spin_sleep(double* out, double microseconds, double ticks_per_us, unsigned long long timer_step_ns) {
+// in steps of timer_step_ns, and the thread held up for stall_ns after timer read number
+// stall_at_read (0: never).
+double emu_spin_sleep(double* out, double microseconds, double ticks_per_us, unsigned long long timer_step_ns,
+                      unsigned long long stall_at_read, unsigned long long stall_ns) {
     srt_emu_timer_step_ns = timer_step_ns;
+    srt_emu_timer_reads = 0;
+    srt_emu_stall_at_read = stall_at_read;
+    srt_emu_stall_ns = stall_ns;
     unsigned long long begin = 0, end = 0;
     srt_emu_launch(dim3{1, 1, 1}, dim3{1, 1, 1}, [=, &begin, &end] {
         begin = srt_host_cycles();
@@ -37,6 +42,7 @@ double emu_spin_sleep(double* out, double microseconds, double ticks_per_us, uns
         end = srt_host_cycles();
     });
     srt_emu_timer_step_ns = 1;
+    srt_emu_stall_at_read = 0;
     return (double)(end - begin);
 }
 }

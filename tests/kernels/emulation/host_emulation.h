@@ -70,8 +70,19 @@ inline unsigned long long srt_host_cycles() {
         .count();
 }
 
+// A hold-up to inject: after timer read number srt_emu_stall_at_read (1-based; 0: never), the
+// thread spins srt_emu_stall_ns before going on, as a preempted thread would between two reads.
+inline unsigned long long srt_emu_stall_at_read = 0;
+inline unsigned long long srt_emu_stall_ns = 0;
+inline unsigned long long srt_emu_timer_reads = 0;
+
 inline unsigned long long srt_host_timer_ns() {
     const unsigned long long now = srt_host_cycles();
+    if (++srt_emu_timer_reads == srt_emu_stall_at_read) {
+        const unsigned long long until = srt_host_cycles() + srt_emu_stall_ns;
+        while (srt_host_cycles() < until) {
+        }
+    }
     return now - now % srt_emu_timer_step_ns;
 }
 
