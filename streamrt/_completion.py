@@ -926,7 +926,7 @@ class CompletionEngine:
             return event
 
     def _recycle_event(self, event: int, ok: bool) -> None:
-        """The event completed (or was never recorded): pool it, or destroy it if its wait failed. Any thread."""
+        """On a lane thread: the event completed; pool it (or destroy it if its wait failed)."""
         if ok and len(self._pool) < self._max_pooled and not self._closing:
             self._pool.append(event)
             return
@@ -944,10 +944,9 @@ class CompletionEngine:
     def host_call(self, stream: int, fn: Callable[..., Any], args: tuple[Any, ...] = (), *, capture_checked: bool = False) -> Completion:
         """Run the Python ``fn(*args)`` in stream order on a runtime worker thread.
 
-        Records a wake event on ``stream``, which the stream's worker waits for
-        (GIL released), and enqueues one native host function,
-        ``sem_wait(done)``, which holds the stream (GIL-free on the driver
-        thread) until the worker has run ``fn``. The
+        Enqueues two native host functions on ``stream``: ``sem_post(ready)``
+        wakes the stream's worker, ``sem_wait(done)`` holds the stream
+        (GIL-free on the driver thread) until the worker has run ``fn``. The
         returned Completion resolves with ``fn``'s return value or exception
         (the stream goes on either way), on the stream's lane, in stream order
         with the stream's other Completions; if the stream fails before

@@ -1,25 +1,16 @@
 """Python host functions in stream order, run on runtime worker threads.
 
-How one eager Python host call runs (see :meth:`CompletionEngine.host_call`)::
+How one Python host call runs (see :meth:`CompletionEngine.host_call`)::
 
-    stream:  ... | wake event | sem_wait(done) | guard event | ...later work...
-                       |              ^                 |
-    worker:   wait(wake event) -> fn(*args) -> store outcome -> sem_post(done)
-    lane:                                                  +-> resolve the Completion
+    stream:  ... | sem_post(ready) | sem_wait(done) | guard event | ...later work...
+                       |                  ^                  |
+    worker:   sem_wait(ready) -> pop head -> fn(*args) -> store outcome -> sem_post(done)
+    lane:                                                    +-> resolve the Completion
 
-The worker learns that the stream reached the call by waiting, GIL-free, for
-a blocking-sync event recorded just before it (the requests of a stream are
-queued FIFO, and the submitting thread posts ``ready`` once per request); the
-stream is held by one native host function, libc ``sem_wait(done)``, until
-the worker has run ``fn``, so later work on the stream still waits for ``fn``,
-exactly as with a host function run by the driver itself. The driver (or
-simulator) callback thread only ever runs ``sem_wait``; it never takes the GIL.
-
-Why an event and not a second host function (``sem_post(ready)``) to wake the
-worker: each host function costs its stream a GPU-to-host-and-back round trip
-(~0.2 ms on the H200 machines measured, as much as a whole native no-op host
-function), and the worker's wake-up now overlaps the round trip of the one
-host function that remains instead of adding a second.
+The driver (or simulator) callback thread only ever runs the two libc
+functions; it never takes the GIL. The stream is held by ``sem_wait(done)``
+until the worker has run ``fn``, so later work on the stream still waits for
+``fn``, exactly as with a host function run by the driver itself.
 
 Rules for ``fn`` (documented for users in the asyncio guide):
 
@@ -59,12 +50,9 @@ function really takes (a GPU stream simply waits for it).
 
 Graph capture. A captured host node must re-run the Python function on every
 replay, so it cannot use the per-stream FIFO of eager calls (a replay does not
-go through :meth:`~CompletionEngine.host_call`, so nothing would post
-``ready`` or record a wake event per run). :class:`HostSlot` is one captured
-Python host node: its own two semaphores, function, arguments and worker,
-owned by the Graph and alive as long as it; its graph holds two native host
-nodes, ``sem_post(ready)`` (the driver wakes the worker at every replay) and
-``sem_wait(done)``.
+go through :meth:`~CompletionEngine.host_call`). :class:`HostSlot` is one
+captured Python host node: its own two semaphores, function, arguments and
+worker, owned by the Graph and alive as long as it.
 """
 
 from __future__ import annotations
@@ -153,17 +141,14 @@ class HostRequest:
     Completion already holds the error and the worker, should it ever be
     woken for this request, skips ``fn``. ``post_done`` is ``False`` when the
     ``sem_wait(done)`` half could not be enqueued (nobody will wait for done).
-    ``wake_event``: the event recorded just before an eager call (0 for a
-    graph's run, which the driver announces by posting ``ready``).
     """
 
-    __slots__ = ("abandoned", "args", "completion", "exc", "finished", "fn", "post_done", "ran", "value", "wake_event")
+    __slots__ = ("abandoned", "args", "completion", "exc", "finished", "fn", "post_done", "ran", "value")
 
-    def __init__(self, fn: Callable[..., Any] | None, args: tuple[Any, ...], completion: Completion, wake_event: int = 0) -> None:
+    def __init__(self, fn: Callable[..., Any] | None, args: tuple[Any, ...], completion: Completion) -> None:
         self.fn = fn
         self.args = args
         self.completion = completion
-        self.wake_event = wake_event
         self.abandoned = False
         self.finished = False
         self.post_done = True
@@ -231,7 +216,6 @@ class _Worker:
         self._queue: collections.deque[HostRequest] = collections.deque()
         self._cond = threading.Condition(threading.Lock())
         self._in_flight = 0  # requests not finished (guarded by _cond)
-        self._awaiting: HostRequest | None = None  # popped by the worker, stream not yet reached (guarded by _cond)
         self._stopping = False
         self._broken = False  # some request was abandoned: the semaphores may still be named
         self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
@@ -298,16 +282,12 @@ class _Worker:
         Idempotent: a slot closed by its graph and again by the engine is stopped once.
         """
         leftovers = []
-        awaiting = None
         with self._cond:
             if self._stopping:
                 return
             self._stopping = True
             leftovers = list(self._queue)
             self._queue.clear()
-            awaiting = self._awaiting
-            if awaiting is not None:  # the worker gives it up when its wait returns
-                leftovers.insert(0, awaiting)
         exc: BaseException | None = None
         for req in leftovers:
             if not req.finished:
@@ -326,9 +306,7 @@ class _Worker:
         thread_alive = False
         if self._started:
             self.ready.post()
-            # A worker still waiting for its stream to reach a call may wait for ever (a failed
-            # context whose waits hang): it is abandoned like a hung lane, not joined.
-            self._thread.join(join_timeout if awaiting is None else 0)
+            self._thread.join(join_timeout)
             thread_alive = self._thread.is_alive()
         if self._broken or forced or thread_alive:
             # A driver thread may still post `ready` or wait on `done` later.
@@ -342,29 +320,18 @@ class _Worker:
     def _run(self) -> None:
         ready_wait = self.ready.wait
         queue = self._queue
-        cond = self._cond
         while True:
             ready_wait()
-            with cond:
-                try:
-                    req = queue.popleft()
-                except IndexError:
-                    req = None
-                else:
-                    self._awaiting = req
-            if req is None:
+            try:
+                req = queue.popleft()
+            except IndexError:
                 if self._stopping:
                     return
                 if not self._serve_unarmed():
                     continue
                 self.done.post()
                 continue
-            reached = not req.abandoned and self._reached(req)
-            with cond:
-                self._awaiting = None
-                if self._stopping:  # stop() took the request over: abandoned, `done` credited
-                    return
-            if reached:
+            if not req.abandoned:
                 fn, args = self._call_of(req)
                 req.fn = None
                 req.args = ()
@@ -381,16 +348,9 @@ class _Worker:
                 del fn, args  # dropped here, on the worker thread
             if req.post_done:
                 self.done.post()
-            if reached or req.abandoned:
-                self._finish(req)
-            # else the stream failed before the call: the lane abandons (and finishes) the
-            # request when the wait for its guard event fails, and delivers that error.
+            self._finish(req)
             if self._stopping and not queue:
                 return
-
-    def _reached(self, req: HostRequest) -> bool:
-        """Block (GIL released) until the stream has reached ``req``; ``False`` if it failed before."""
-        return True  # a graph's run: the driver posted `ready` from the host node itself
 
     def _call_of(self, req: HostRequest) -> tuple[Callable[..., Any] | None, tuple[Any, ...]]:
         return req.fn, req.args
@@ -406,56 +366,48 @@ class _Worker:
 class HostChannel(_Worker):
     """The per-stream FIFO of eager Python host calls (one worker thread per stream).
 
-    The submitting thread posts ``ready`` once per request; the worker takes
-    the queue's head and waits for its wake event, which the stream reaches
-    right before the request's ``sem_wait(done)``. Submission (the wake event,
-    the host function, the append) happens under one lock so that two threads
-    enqueueing on the same stream cannot interleave.
+    Stream FIFO order makes the queue's head the request the driver just
+    reached, so one ``ready`` post means "run the head". Submission
+    (append + the two native host functions) happens under one lock so that
+    two threads enqueueing on the same stream cannot interleave.
     """
 
     def __init__(self, engine: CompletionEngine, stream: int) -> None:
         super().__init__(engine, f"streamrt-host-{stream:#x}")
         self.stream = stream
         self._submit_lock = threading.Lock()
-        self._thread_on_device = False  # the worker made the engine's device current (worker only)
 
     def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], completion: Completion) -> HostRequest:
-        """Enqueue ``fn(*args)`` on the stream; raises the backend's error if it could not be enqueued.
+        """Enqueue ``fn(*args)`` on the stream; raises the backend's error if nothing was enqueued.
 
-        On an error nothing waits on the stream (a wake event recorded alone
-        is harmless), ``completion`` gets the error, and ``fn`` never runs.
+        If the first native function was enqueued but the second was not, the
+        request is abandoned with that error (``fn`` will not run) and the
+        error is raised.
         """
         self._start()
-        engine = self._engine
-        backend = engine._backend
-        event = engine._acquire_event()
+        req = HostRequest(fn, args, completion)
+        backend = self._engine._backend
         with self._submit_lock:
+            self._push(req)
             try:
-                backend.event_record(event, self.stream)
-                engine._announce_host_work(fn)
+                backend.launch_host_func(self.stream, SEM_POST_ADDRESS, self.ready.address)
+            except BaseException as exc:
+                with self._cond:
+                    if self._queue and self._queue[-1] is req:
+                        self._queue.pop()
+                req.fn = None
+                req.args = ()
+                req.completion._resolve(None, exc, None)
+                self._finish(req)
+                raise
+            try:
+                self._engine._announce_host_work(fn)
                 backend.launch_host_func(self.stream, SEM_WAIT_ADDRESS, self.done.address)
             except BaseException as exc:
-                engine._recycle_event(event, True)
-                completion._resolve(None, exc, None)
+                req.post_done = False  # `ready` will still be posted: the worker skips fn, posts nothing
+                self.abandon(req, exc)
                 raise
-            req = HostRequest(fn, args, completion, event)
-            self._push(req)
-        self.ready.post()
         return req
-
-    def _reached(self, req: HostRequest) -> bool:
-        engine = self._engine
-        backend = engine._backend
-        try:
-            if not self._thread_on_device:
-                backend.ensure_device(engine._device)
-                self._thread_on_device = True
-            backend.event_synchronize(req.wake_event)
-        except BaseException:  # noqa: BLE001 - the stream failed before the call: its guard's lane abandons it
-            self._broken = True  # (the event is leaked: a failed context may still name it)
-            return False
-        engine._recycle_event(req.wake_event, True)
-        return True
 
     def retire(self, req: HostRequest, error: BaseException | None, posts: Any) -> None:
         """On the lane, when the guard event after ``req`` retired (``error`` if its wait failed).

@@ -35,11 +35,10 @@ How the figures combine (all in virtual µs):
   stream reaches it, so launch-to-start on an idle stream is
   ``launch_latency_us + host_func_start_us`` = 20 µs.
 * A Python host function run by the runtime on its worker thread (the engine
-  records a wake event the worker waits for, then enqueues a ``sem_wait`` host
-  function that holds the stream until the worker is done) occupies the stream
-  for ``host_func_us`` plus ``python_host_call_us`` (waking the worker, taking
-  the GIL, posting back). A captured one (a graph's host slot) has a second
-  host function before it, ``sem_post``, which wakes the worker at every replay.
+  enqueues ``sem_post`` to wake the worker, then a ``sem_wait`` host function
+  that holds the stream until the worker is done) occupies the stream for
+  ``host_func_us`` plus ``python_host_call_us`` (waking the worker, taking
+  the GIL, posting back).
 * With ``charge_host_time``, real host time counts too: each host clock
   advances by the real time its thread spends between backend calls (its
   Python work: packing metadata, torch, ...), at least ``api_call_us`` per
@@ -103,7 +102,7 @@ class SimProfile:
         peer_latency_us: fixed extra start-up cost of a copy between two devices (*estimate*).
         serialize_copy_engines: H2D and D2H copies each queue on one copy engine.
         python_host_call_us: extra stream time of a Python host function run on the
-            runtime's worker, beyond its native ``sem_wait`` host function and the function itself.
+            runtime's worker, beyond two native host functions and the function itself.
         charge_host_time: charge real host time: between backend calls, and in Python host functions.
     """
 

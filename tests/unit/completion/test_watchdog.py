@@ -64,8 +64,7 @@ def test_hung_waits_resolve_every_waiter_with_the_error_within_seconds(harness: 
     for c in (c1, h, c2, c3):
         assert isinstance(c.exception(timeout=5), BackendError)
     assert time.monotonic() - t0 < 4
-    # Both lane threads, and s1's host-call worker waiting for its call's wake event, are still blocked in the driver.
-    assert wait_until(lambda: faulty.hung == 3)
+    assert wait_until(lambda: faulty.hung == 2)  # both lane threads are still blocked in the driver
     assert len(calls) == 1 and isinstance(calls[0], BackendError)
     stats = engine.statistics()
     assert stats.watchdog_failed_lanes == 2
