@@ -285,6 +285,28 @@ def test_host_call_holds_the_stream_until_fn_returns(harness: Harness, engine: C
     after.wait(5)
 
 
+def test_a_failed_host_function_enqueue_leaves_nothing_waiting(harness: Harness) -> None:
+    class FailingLaunch:
+        def __init__(self, inner: Any) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._inner, name)
+
+        def launch_host_func(self, stream: int, fn_ptr: int, user_data: int) -> None:
+            raise BackendError("sim", 1, "cudaErrorInvalidValue", "injected", "launch_host_func")
+
+    engine = harness.engine(FailingLaunch(harness.backend))
+    s = harness.stream()
+    ran: list[int] = []
+    with pytest.raises(BackendError, match="injected"):
+        engine.host_call(s, ran.append, (1,))
+    assert engine.statistics().host_calls_pending == 0
+    engine.drain(timeout=5)  # nothing in flight: returns at once
+    harness.backend.stream_synchronize(s)
+    assert ran == []
+
+
 def test_host_fn_exception_reaches_the_waiter_and_the_stream_goes_on(harness: Harness, engine: CompletionEngine) -> None:
     s = harness.stream()
 
@@ -510,7 +532,7 @@ def test_close_drains_joins_threads_and_refuses_later_work(harness: Harness, eng
 
 def test_close_with_timeout_gives_up_on_stuck_work(harness: Harness, engine: CompletionEngine) -> None:
     s = harness.stream()
-    harness.gate(s)  # never opened before close
+    gate = harness.gate(s)  # never opened before close
     token = Token()
     ref = weakref.ref(token)
     c = engine.completion_for_stream(s, keepalive=token)
@@ -522,6 +544,9 @@ def test_close_with_timeout_gives_up_on_stuck_work(harness: Harness, engine: Com
     assert isinstance(c.exception(), ClosedError) and isinstance(h.exception(), ClosedError)
     gc.collect()
     assert ref() is not None  # the device may still use it: leaked, not released
+    # The stream still passes the abandoned call once it runs again (its sem_wait was credited).
+    gate.open()
+    assert wait_until(lambda: harness.backend.stream_query(s))
 
 
 def test_drain_from_a_lane_thread_is_refused(harness: Harness, engine: CompletionEngine) -> None:
