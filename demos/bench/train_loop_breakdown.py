@@ -129,17 +129,22 @@ def main(argv: list[str] | None = None) -> int:
         (torch.Tensor, "item", "item"),
     ):
         timers.wrap(owner, name, label)
+
+    def run(variant: str) -> None:
+        """One whole run of ``variant``, between two device synchronizations."""
+        sync()
+        if variant == "a":
+            demo.run_plain(cfg, device)
+        else:
+            with srt.open_runtime(backend) as rt:
+                demo.run_streamrt(cfg, device, rt)
+        sync()
+
     try:
         for variant in ("a", "b", "a", "b"):
             timers.totals.clear()
-            sync()
             t0 = time.perf_counter()
-            if variant == "a":
-                demo.run_plain(cfg, device)
-            else:
-                with srt.open_runtime(backend) as rt:
-                    demo.run_streamrt(cfg, device, rt)
-            sync()
+            run(variant)
             per_step = (time.perf_counter() - t0) * 1e3 / cfg.steps
             pieces = ", ".join(f"{k} {v * 1e3 / cfg.steps:.3f}" for k, v in sorted(timers.totals.items()))
             print(f"[{args.size}] ({variant}) {per_step:.3f} ms/step: {pieces}", flush=True)
@@ -151,14 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         demo.synthetic_batches = make_batches
     for variant in ("a", "b") if args.profile else ():
         profile = cProfile.Profile()
-        sync()
         with profile:
-            if variant == "a":
-                demo.run_plain(cfg, device)
-            else:
-                with srt.open_runtime(backend) as rt:
-                    demo.run_streamrt(cfg, device, rt)
-            sync()
+            run(variant)
         print(f"[{args.size}] ({variant}) under cProfile, top {args.profile} by own time, us per step:")
         stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
         by_own = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)
