@@ -92,6 +92,8 @@ class _LoopNotifier:
     While one post to a loop has not run yet, later batches for that loop join
     it: one ``call_soon_threadsafe`` (one self-pipe write, one loop callback)
     wakes every awaiter retired meanwhile, by any lane, each lane's in order.
+    A loop closed before its wake-up ran is dropped (with the one warning) at
+    the next post to it, or once a few such loops have gathered.
     """
 
     __slots__ = ("_lock", "_queued", "warned")
@@ -110,6 +112,11 @@ class _LoopNotifier:
                 queued.extend(futures)
                 return
             self._queued[loop] = futures  # (a closed loop's stale entry is replaced, then dropped below)
+            stale = [other for other in self._queued if other is not loop and other.is_closed()] if len(self._queued) > 4 else ()
+            for other in stale:  # loops closed before their wake-up ran: nothing else would drop them
+                del self._queued[other]
+        if stale:
+            self._loop_closed()
         try:
             if _get_running_loop() is loop:
                 loop.call_soon(self._flush, loop)

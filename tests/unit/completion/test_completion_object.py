@@ -284,3 +284,23 @@ def test_a_post_pending_on_a_loop_that_closes_is_dropped_with_the_warning() -> N
     relevant = [w for w in caught if "event loop was closed" in str(w.message)]
     assert len(relevant) == 1
     assert not notifier._queued  # nothing keeps the closed loop alive
+
+
+def test_loops_closed_before_their_wake_up_ran_are_not_kept() -> None:
+    notifier = _LoopNotifier()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(20):  # each closes with a wake-up posted and not run
+            loop = asyncio.new_event_loop()
+            notifier.post(loop, [loop.create_future()])
+            loop.close()
+    assert len(notifier._queued) <= 5  # a few at most, not one per closed loop
+    assert len([w for w in caught if "event loop was closed" in str(w.message)]) == 1
+    live = asyncio.new_event_loop()
+    try:
+        fut = live.create_future()
+        notifier.post(live, [fut])
+        live.run_until_complete(fut)
+        assert live not in notifier._queued
+    finally:
+        live.close()
