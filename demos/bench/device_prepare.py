@@ -20,7 +20,10 @@ Three measurements, in one run:
    ``stream.synchronize()``, per variant (interleaved; median and p90).
 
 3. Sleep kernel accuracy for 10 .. 10,000 µs: the kernel's own clock (``out[0]``), the
-   timing-event interval around it, and that interval minus an empty launch's interval.
+   timing-event interval around it, and that interval minus an empty launch's interval. A
+   ``--sleep-hold-us`` sleep is enqueued first each time, so the stream is still busy when the
+   first event, the kernel and the second event are enqueued: the events then bracket the GPU's
+   work alone, not the host's time to launch the kernel.
 
 On the simulator (or without torch and a GPU) the matmuls and the torch stand-in are skipped
 and times are virtual: a functional run only.
@@ -234,6 +237,8 @@ def bench_sleep(rt: srt.Runtime, s: srt.Stream, args: argparse.Namespace) -> dic
     t0, t1 = rt.create_event(timing=True), rt.create_event(timing=True)
 
     def one(us: float) -> tuple[float, float]:
+        if args.sleep_hold_us > 0:
+            lib.spin_sleep(s, args.sleep_hold_us)  # the GPU reaches t0 only after the next two calls are enqueued
         s.record(t0)
         lib.spin_sleep(s, us, out=out)
         s.record(t1)
@@ -335,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     add_step_arguments(ap)
     ap.add_argument("--latency-reps", type=int, default=200)
     ap.add_argument("--sleep-reps", type=int, default=20)
+    ap.add_argument("--sleep-hold-us", type=float, default=500.0, help="sleep enqueued before each timed one (0: none)")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
     return report(run(args), args.out, _print)
