@@ -112,9 +112,11 @@ class _LoopNotifier:
                 queued.extend(futures)
                 return
             self._queued[loop] = futures  # (a closed loop's stale entry is replaced, then dropped below)
-            stale = [other for other in self._queued if other is not loop and other.is_closed()] if len(self._queued) > 4 else ()
-            for other in stale:  # loops closed before their wake-up ran: nothing else would drop them
-                del self._queued[other]
+            stale: list[asyncio.AbstractEventLoop] = []
+            if len(self._queued) > 4:  # loops closed before their wake-up ran: nothing else drops them
+                stale = [other for other in self._queued if other is not loop and other.is_closed()]
+                for other in stale:
+                    del self._queued[other]
         if stale:
             self._loop_closed()
         try:
