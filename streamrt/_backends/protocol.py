@@ -81,6 +81,9 @@ class Capabilities:
         supports_stream_ordered_alloc: ``malloc_async`` / ``free_async`` work.
         supports_pageable_async_copy: an async copy may name pageable host memory
             (it then runs synchronously with respect to the host on GPUs).
+        supports_stream_signals: ``signal_alloc``, ``signal_free`` and
+            ``stream_wait_signal`` work: a stream can wait, on the device and
+            without any host thread, for a 64-bit word the host stores.
         priority_range: ``(least, greatest)`` stream priorities; on HIP and CUDA
             numerically lower is higher priority, so ``greatest <= least``.
         virtual_clock: event times come from a deterministic virtual clock.
@@ -99,6 +102,7 @@ class Capabilities:
     virtual_clock: bool
     total_memory: int
     multiprocessor_count: int
+    supports_stream_signals: bool = False
 
 
 @runtime_checkable
@@ -196,6 +200,30 @@ class Backend(Protocol):
 
         It runs on a driver (or simulator callback) thread once prior work on
         ``stream`` completes; later work waits for it to return.
+        """
+        ...
+
+    # -- signals (only when ``supports_stream_signals``) ------------------------------
+    def signal_alloc(self) -> int:
+        """A *signal*: 8 zeroed, 8-aligned bytes of host memory the device can wait on.
+
+        The host updates it with plain 64-bit stores (no backend call). On ROCm
+        this is ``hipMallocSignalMemory`` memory, as ``hipStreamWaitValue64``
+        requires; on CUDA, mapped pinned memory.
+        """
+        ...
+
+    def signal_free(self, signal: int) -> None:
+        """Free a signal. No stream may still wait on it."""
+        ...
+
+    def stream_wait_signal(self, stream: int, signal: int, value: int) -> None:
+        """Later work on ``stream`` waits until the unsigned 64-bit word at ``signal`` is ``>= value``.
+
+        The wait happens on the device (``cuStreamWaitValue64`` /
+        ``hipStreamWaitValue64`` with ``GEQ``); no host thread is held. Other
+        streams are not held back. Not to be captured: streamrt never does, and
+        the simulator refuses it.
         """
         ...
 

@@ -34,6 +34,11 @@ Behaviour, in the protocol's terms:
   ``can_access_peer`` is ``True`` for every pair; ``enable_peer_access`` is
   remembered and makes ``memcpy_peer_async`` (real bytes) run at
   ``peer_bandwidth_gbps`` instead of the staged-through-host rate.
+* **Signals**: ``signal_alloc`` returns 8 zeroed bytes of pinned memory;
+  ``stream_wait_signal`` is a ``wait_signal`` op that holds back its stream
+  (only it) until the host has stored a value ``>=`` the one named, seen by
+  the device's signal watcher (``_device``). ``signal_free`` refuses a signal
+  that a stream may still wait on; capture refuses the wait.
 * **Capture and graphs** (``_graph``), **kernel twins** (``_kernels``) and
   **hazard checking** (``_hazards``): see those modules.
 
@@ -55,10 +60,11 @@ functions and lifetime here; memory in ``_memcalls``; capture and graphs in
 
 from __future__ import annotations
 
+import ctypes
 import warnings
 from typing import Any, NoReturn
 
-from ..protocol import Capabilities, priority_clamp
+from ..protocol import Capabilities, PointerKind, priority_clamp
 from . import _codes as C
 from ._codes import fail
 from ._core import (
@@ -79,6 +85,8 @@ from ._ops import OpRecord
 from ._profile import SimProfile
 
 __all__ = ["SimBackend"]
+
+HOST_MEMORY = PointerKind.HOST
 
 
 class SimBackend(MemoryCalls, GraphCalls, KernelCalls):
@@ -135,6 +143,7 @@ class SimBackend(MemoryCalls, GraphCalls, KernelCalls):
             supports_graphs=True,
             supports_stream_ordered_alloc=True,
             supports_pageable_async_copy=True,
+            supports_stream_signals=True,
             priority_range=(0, -5),
             virtual_clock=True,
             total_memory=p.total_memory,
@@ -454,14 +463,70 @@ class SimBackend(MemoryCalls, GraphCalls, KernelCalls):
             op = self._enqueue(tls, s, "host_func", self._next_seq(), duration=duration, work=True, fn=cfn, args=(ud,), host=True)
             op.hz = hzinfo
 
+    # == signals ======================================================================================
+    def signal_alloc(self) -> int:
+        """8 zeroed bytes of pinned memory, 8-aligned, for :meth:`stream_wait_signal`."""
+        signal = self.host_malloc(8)
+        ctypes.memset(signal, 0, 8)
+        return signal
+
+    def signal_free(self, signal: int) -> None:
+        """Free a signal; refused (``INVALID_VALUE``) while a stream may still wait on it."""
+        call = "signal_free"
+        self._enter(call)
+        sig = check_count(signal, "signal", call)
+        with self._lock:
+            waits = self._signal_waits.pop(sig, None)
+            pending = [op for op in waits or () if not op.done]
+            if pending:
+                self._signal_waits[sig] = pending
+                fail(C.INVALID_VALUE, f"signal {sig:#x} is still waited on by {pending[0]!r}", call)
+        self.host_free(sig)
+
+    def stream_wait_signal(self, stream: int, signal: int, value: int) -> None:
+        """Later work on ``stream`` waits until the 64-bit word at ``signal`` is ``>= value``.
+
+        Virtual time: the wait takes nothing of its own, unless the runtime
+        announced Python host work (:meth:`expect_host_work`): then it lasts
+        ``python_host_call_us`` plus, with ``charge_host_time``, the estimate.
+        """
+        call = "stream_wait_signal"
+        tls = self._enter(call)
+        estimate, tls.host_work = tls.host_work, None
+        sig = check_count(signal, "signal", call)
+        v = check_count(value, "value", call)
+        if v >= 1 << 64:
+            fail(C.INVALID_VALUE, f"value {v} does not fit in 64 bits", call)
+        with self._lock:
+            s = self._stream(stream, tls, call)
+            alloc = self._mem.find(sig)
+            if alloc is None or alloc.kind != HOST_MEMORY or sig % 8 or sig + 8 > alloc.end:
+                fail(C.INVALID_VALUE, f"{sig:#x} is not a signal (8 aligned bytes from signal_alloc)", call)
+            if s.capture is not None:
+                self._violation([s.capture], C.CAPTURE_UNSUPPORTED, "stream_wait_signal cannot be captured", call)
+            duration = 0.0
+            if estimate is not None:
+                duration = self._profile.python_host_call_us
+                if self._charge_host_time:
+                    duration += estimate.us
+            op = self._enqueue(tls, s, "wait_signal", self._next_seq(), duration=duration, work=False, submit=False)
+            op.signal = (sig, v)
+            op.refs = alloc
+            waits = self._signal_waits.setdefault(sig, [])
+            if len(waits) >= 16:
+                waits[:] = [w for w in waits if not w.done]
+            waits.append(op)
+            self._sched.submit(op)
+
     def expect_host_work(self, estimate: Any) -> None:
         """Simulator only: the next host function this thread launches waits for Python host work.
 
-        The runtime calls it before enqueueing the ``sem_wait`` host function
-        that holds a stream while its worker runs a Python function.
+        The runtime calls it before enqueueing what holds a stream while its
+        worker runs a Python function: the ``stream_wait_signal`` wait, or the
+        ``sem_wait`` host function where signals are not used.
         ``estimate.us`` is the runtime's live estimate of that function's run
-        time: the host function then occupies its stream for ``host_func_us +
-        python_host_call_us``, plus ``estimate.us`` when the profile has
+        time: the wait then lasts ``python_host_call_us`` (a host function
+        ``host_func_us + python_host_call_us``), plus ``estimate.us`` when the profile has
         ``charge_host_time`` (read now; a captured node reads it at every
         replay). Not part of the backend protocol: GPU backends have no such
         call, since their host functions take the time they take.

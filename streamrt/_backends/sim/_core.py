@@ -251,6 +251,7 @@ class SimCore:
         self._capture_ids = 0
         self._seq = 0
         self._hostfns: dict[int, Any] = {}
+        self._signal_waits: dict[int, list[Op]] = {}  # signal address -> wait_signal ops enqueued on it
         # cost-model constants read on the hot paths
         self._api_us = profile.api_call_us
         self._charge_host_time = profile.charge_host_time
@@ -371,8 +372,9 @@ class SimCore:
         engine: str | None = None,
         wait_op: Op | None = None,
         wait_us: float = 0.0,
+        submit: bool = True,
     ) -> Op:
-        """Time, link and submit one eager op on ``s``. Lock held."""
+        """Time, link and (unless ``submit`` is false) submit one eager op on ``s``. Lock held."""
         issue = tls.host_us = tls.host_us + self._api_us
         start = issue + self._launch_us
         if s.tail_us > start:
@@ -401,7 +403,8 @@ class SimCore:
         if wait_op is not None:
             op.depend_on(wait_op)
         s.last_op = op
-        self._sched.submit(op)
+        if submit:
+            self._sched.submit(op)
         if self._charge_host_time:
             self._mark_real(tls)
         return op

@@ -1,6 +1,6 @@
-"""The simulated device's execution engine: executor and callback threads.
+"""The simulated device's execution engine: executor, callback and signal threads.
 
-Each simulated device has two threads:
+Each simulated device has two threads, and a third once a stream waits on a signal:
 
 * the **executor** (``streamrt-sim-exec-N``) runs ready device ops — memsets,
   copies (``ctypes.memmove`` of real bytes), kernel twins, markers — one at a
@@ -8,7 +8,14 @@ Each simulated device has two threads:
 * the **callback thread** (``streamrt-sim-callback-N``) runs host functions,
   one at a time, like the CUDA/HIP driver's callback thread. It calls native
   code without holding any Python lock, so a host function may block (for
-  example in ``sem_wait``) without stopping other streams' device work.
+  example in ``sem_wait``) without stopping other streams' device work;
+* the **signal watcher** (``streamrt-sim-signal-N``, started by the first
+  ``wait_signal`` op) completes each ready ``wait_signal`` op once the host has
+  stored a large enough value in its 64-bit word. The host writes it with a
+  plain store, which nothing announces, so the watcher reads the words it
+  waits on with a backoff of 20 µs doubling to 1 ms (the front end of a GPU
+  polls such a word in the same way), and sleeps when no op waits. A waiting
+  op holds back only its own stream, as on a GPU.
 
 An op becomes ready when every op it depends on has completed (the previous op
 of its stream, the op behind an awaited event, a graph node's predecessors).
@@ -26,6 +33,7 @@ synchronizing call, which raises it once (errors are not sticky).
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -34,6 +42,15 @@ from typing import Any
 from ._ops import Op
 
 __all__ = ["Scheduler", "Executor"]
+
+_SIGNAL_POLL_MIN_S = 20e-6
+_SIGNAL_POLL_MAX_S = 1e-3
+
+
+def _signal_reached(op: Op) -> bool:
+    assert op.signal is not None
+    address, value = op.signal
+    return ctypes.c_uint64.from_address(address).value >= value
 
 
 class Executor:
@@ -60,6 +77,23 @@ class Executor:
             name=f"streamrt-sim-callback-{device}",
             daemon=True,
         )
+        self.signal_waits: list[Op] = []  # ready wait_signal ops whose value has not been reached
+        self.signal_cv = threading.Condition(scheduler.lock)
+        self.signal_thread: threading.Thread | None = None
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        """The threads started for this device."""
+        started = [self.thread, self.cb_thread]
+        if self.signal_thread is not None:
+            started.append(self.signal_thread)
+        return started
+
+    def notify_all(self) -> None:
+        """Wake every thread of this device (shutdown). Lock held."""
+        self.cv.notify_all()
+        self.cb_cv.notify_all()
+        self.signal_cv.notify_all()
 
     def push(self, op: Op) -> None:
         """Queue a ready op on the right thread. Lock held."""
@@ -67,6 +101,15 @@ class Executor:
             self.cb_ready.append(op)
             if self.sleeping[1]:
                 self.cb_cv.notify()
+        elif op.signal is not None:
+            self.signal_waits.append(op)
+            if self.signal_thread is None:
+                self.signal_thread = threading.Thread(
+                    target=self._watch_signals, name=f"streamrt-sim-signal-{self.device}", daemon=True
+                )
+                self.signal_thread.start()
+            else:
+                self.signal_cv.notify()
         else:
             self.ready.append(op)
             if self.sleeping[0]:
@@ -104,6 +147,28 @@ class Executor:
                     sched.errors[op.device].append((op, error))
                 sched.complete(op)
 
+    def _watch_signals(self) -> None:
+        sched = self.scheduler
+        sched.thread_init("signal")
+        waits = self.signal_waits
+        delay = _SIGNAL_POLL_MIN_S
+        with sched.lock:
+            while not sched.abandoned:
+                reached = [op for op in waits if _signal_reached(op)]
+                for op in reached:
+                    waits.remove(op)
+                    sched.complete(op)
+                if not waits:
+                    if sched.stopping:
+                        return
+                    self.signal_cv.wait()
+                    delay = _SIGNAL_POLL_MIN_S
+                    continue
+                if reached:
+                    delay = _SIGNAL_POLL_MIN_S
+                self.signal_cv.wait(delay)
+                delay = min(delay * 2, _SIGNAL_POLL_MAX_S)
+
 
 class Scheduler:
     """Dependency tracking, completion, waiting and shutdown for all devices.
@@ -111,8 +176,8 @@ class Scheduler:
     Args:
         devices: number of devices (one :class:`Executor` each).
         log_limit: how many completed ops the op log keeps (0 disables it).
-        thread_init: called on each engine thread as it starts, with ``"executor"``
-            or ``"callback"`` (the backend marks the thread so API calls from it fail).
+        thread_init: called on each engine thread as it starts, with ``"executor"``,
+            ``"callback"`` or ``"signal"`` (the backend marks the thread so API calls from it fail).
     """
 
     def __init__(self, devices: int, log_limit: int, thread_init: Callable[[str], None]) -> None:
@@ -191,12 +256,11 @@ class Scheduler:
                 self.abandoned = True
             self.stopping = True
             for ex in self.executors:
-                ex.cv.notify_all()
-                ex.cb_cv.notify_all()
+                ex.notify_all()
             self.done_cv.notify_all()
         stuck: list[threading.Thread] = []
         for ex in self.executors:
-            for t in (ex.thread, ex.cb_thread):
+            for t in ex.threads:
                 if t is threading.current_thread():
                     continue
                 t.join(None if drained else max(timeout, 0.1))
@@ -210,6 +274,5 @@ class Scheduler:
             self.abandoned = True
             self.stopping = True
             for ex in self.executors:
-                ex.cv.notify_all()
-                ex.cb_cv.notify_all()
+                ex.notify_all()
             self.done_cv.notify_all()

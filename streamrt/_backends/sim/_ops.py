@@ -8,7 +8,8 @@ completed op returned by ``SimBackend.op_log()``.
 
 Op kinds: ``memset``, ``copy_h2d``, ``copy_d2h``, ``copy_d2d``, ``copy_h2h``,
 ``copy_peer`` (between two devices; ``device`` is the device that ran it),
-``kernel``, ``host_func``, ``event_record``, ``wait_event``, ``malloc_async``,
+``kernel``, ``host_func``, ``event_record``, ``wait_event``, ``wait_signal`` (the
+stream waits for a host-written 64-bit word), ``malloc_async``,
 ``free_async``, ``graph_launch`` (the marker that ends a graph replay on its
 stream; the replayed nodes are ops of their own kinds with ``graph_exec`` set),
 ``graph_free`` (graph-owned memory released after its last replay finished;
@@ -91,6 +92,7 @@ class Op:
         "queue",
         "hz",
         "watched",
+        "signal",
     )
 
     def __init__(
@@ -135,6 +137,7 @@ class Op:
         self.queue = queue  # the executor of the device that runs it
         self.hz: Any = None  # hazard clock info of a host function: (stream key, clock, epoch)
         self.watched = False  # a thread waits for this op: completion must notify
+        self.signal: tuple[int, int] | None = None  # wait_signal: (address, value) it waits for
 
     def depend_on(self, other: Op | None) -> None:
         """Make this op wait for ``other`` (no-op when ``other`` is ``None`` or done). Lock held."""
