@@ -47,6 +47,8 @@ _CACHE_LIMIT = 4096  # bound on cached wrapper objects for handles created elsew
 
 # Driver-API result codes used on the error path (values fixed by cuda.h).
 _CUDA_ERROR_INVALID_CONTEXT = 201
+_CU_STREAM_WAIT_VALUE_GEQ = 0  # CUstreamWaitValue_flags (cuda.h)
+_CAN_USE_64_BIT_STREAM_MEM_OPS = 93  # CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS (cuda.h)
 # cudaErrorPeerAccessAlreadyEnabled (driver_types.h): enable_peer_access treats it as success.
 _PEER_ACCESS_ALREADY_ENABLED = 704
 
@@ -393,6 +395,25 @@ def _load_libcuda() -> ctypes.CDLL:
     )
 
 
+def _stream_wait_value64(libcuda: ctypes.CDLL) -> Any:
+    """The driver's ``cuStreamWaitValue64`` (the version of CUDA 12: no module parameter needed), or ``None``."""
+    prototype = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint)
+    address = ctypes.c_void_p()
+    get_proc = getattr(libcuda, "cuGetProcAddress_v2", None)
+    if get_proc is not None:
+        get_proc.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p]
+        get_proc.restype = ctypes.c_int
+        status = ctypes.c_int(0)
+        if get_proc(b"cuStreamWaitValue64", ctypes.byref(address), 12000, 0, ctypes.byref(status)) != 0:
+            address = ctypes.c_void_p()
+    if not address.value:
+        symbol = getattr(libcuda, "cuStreamWaitValue64_v2", None)
+        if symbol is None:
+            return None
+        address = ctypes.cast(symbol, ctypes.c_void_p)
+    return prototype(address.value) if address.value else None
+
+
 class CudaBackend:
     """The :class:`~streamrt._backends.protocol.Backend` primitives on CUDA.
 
@@ -472,6 +493,8 @@ class CudaBackend:
         launch_host_func.restype = ctypes.c_int
         self._libcuda = libcuda
         self._cuLaunchHostFunc = launch_host_func
+        self._cuStreamWaitValue64 = _stream_wait_value64(libcuda)
+        self._signals: dict[int, int] = {}  # signal (host address) -> its device address
 
         if device is not None:
             count = self.device_count()
@@ -548,9 +571,19 @@ class CudaBackend:
             virtual_clock=False,
             total_memory=int(props.totalGlobalMem),
             multiprocessor_count=int(props.multiProcessorCount),
+            supports_stream_signals=self._can_wait_value64(device),
         )
         self._caps[device] = caps
         return caps
+
+    def _can_wait_value64(self, device: int) -> bool:
+        if self._cuStreamWaitValue64 is None:
+            return False
+        get_attribute = self._libcuda.cuDeviceGetAttribute
+        get_attribute.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int]
+        get_attribute.restype = ctypes.c_int
+        value = ctypes.c_int(0)
+        return get_attribute(ctypes.byref(value), _CAN_USE_64_BIT_STREAM_MEM_OPS, device) == 0 and value.value == 1
 
     def _priority_range(self, device: int) -> tuple[int, int]:
         rt = self._rt
@@ -758,6 +791,45 @@ class CudaBackend:
                 self._make_context_current()
                 code = self._cuLaunchHostFunc(stream, fn_ptr, user_data)
             _check_driver(code, "cuLaunchHostFunc")
+
+    # -- signals --------------------------------------------------------------------------------------
+
+    def signal_alloc(self) -> int:
+        """8 bytes of mapped pinned memory (``cudaHostAlloc``, portable and mapped), zeroed."""
+        rt = self._rt
+        err, ptr = rt.cudaHostAlloc(8, rt.cudaHostAllocPortable | rt.cudaHostAllocMapped)
+        _check(err, "cudaHostAlloc", requested=8)
+        signal = int(ptr)
+        ctypes.c_uint64.from_address(signal).value = 0
+        err, device_ptr = rt.cudaHostGetDevicePointer(signal, 0)
+        if err:
+            self._rt.cudaFreeHost(signal)
+            _check(err, "cudaHostGetDevicePointer")
+        self._signals[signal] = int(device_ptr)
+        return signal
+
+    def signal_free(self, signal: int) -> None:
+        """``cudaFreeHost`` (which waits for the device, as every free does)."""
+        if signal not in self._signals:
+            raise ValueError(f"{signal:#x} is not a signal of this backend")
+        (err,) = self._rt.cudaFreeHost(signal)
+        _check(err, "cudaFreeHost")
+        del self._signals[signal]
+
+    def stream_wait_signal(self, stream: int, signal: int, value: int) -> None:
+        """``cuStreamWaitValue64(stream, signal, value, CU_STREAM_WAIT_VALUE_GEQ)`` through ctypes."""
+        device_ptr = self._signals.get(signal)
+        if device_ptr is None:
+            raise ValueError(f"{signal:#x} is not a signal of this backend (use signal_alloc)")
+        wait = self._cuStreamWaitValue64
+        if wait is None:
+            raise BackendError("cuda", 801, "cudaErrorNotSupported", "this driver has no cuStreamWaitValue64")
+        code = wait(stream, device_ptr, value, _CU_STREAM_WAIT_VALUE_GEQ)
+        if code:
+            if code == _CUDA_ERROR_INVALID_CONTEXT:  # a thread that never touched cudart
+                self._make_context_current()
+                code = wait(stream, device_ptr, value, _CU_STREAM_WAIT_VALUE_GEQ)
+            _check_driver(code, "cuStreamWaitValue64")
 
     # -- graphs ---------------------------------------------------------------------------------------
 

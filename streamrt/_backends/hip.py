@@ -31,6 +31,8 @@ never hold it. The current device is per thread, as in HIP.
 
 from __future__ import annotations
 
+import ctypes
+
 import importlib.util
 import operator
 from collections.abc import Callable, Sequence
@@ -86,6 +88,9 @@ _HIP_CALLS: dict[str, str] = {
     "hipDeviceEnablePeerAccess": "hipDeviceEnablePeerAccess",
     "hipMemcpyPeerAsync": "hipMemcpyPeerAsync",
     "hipLaunchHostFunc": "hipLaunchHostFunc",
+    "hipDeviceGetAttribute": "hipDeviceGetAttribute",
+    "hipExtMallocWithFlags": "hipExtMallocWithFlags",
+    "hipStreamWaitValue64": "hipStreamWaitValue64",
     "hipStreamBeginCapture": "hipStreamBeginCapture",
     "hipStreamEndCapture": "hipStreamEndCapture",
     "hipStreamIsCapturing": "hipStreamIsCapturing",
@@ -124,6 +129,10 @@ _OUT_OF_MEMORY = 2
 _NO_DEVICE = 100
 _NOT_READY = 600
 _PEER_ACCESS_ALREADY_ENABLED = 704
+# hipExtMallocWithFlags / hipStreamWaitValue64 arguments (hip_runtime_api.h).
+_MALLOC_SIGNAL_MEMORY = 0x2  # hipMallocSignalMemory
+_WAIT_VALUE_GTE = 0x0  # hipStreamWaitValueGte
+_ALL_BITS = (1 << 64) - 1
 # hipErrorStreamCapture{Unsupported,Invalidated,Merge,Unmatched,Unjoined,Isolation,
 # Implicit}, hipErrorCapturedEvent, hipErrorStreamCaptureWrongThread.
 _CAPTURE_ERRORS = frozenset(range(900, 909))
@@ -435,6 +444,7 @@ class HipBackend:
             virtual_clock=False,
             total_memory=int(props.totalGlobalMem),
             multiprocessor_count=int(props.multiProcessorCount),
+            supports_stream_signals=self._can_wait_value(device),
         )
         self._offload_arch[device] = offload_arch
         self._capabilities[device] = caps
@@ -650,6 +660,38 @@ class HipBackend:
         err = self._hipLaunchHostFunc(st, fn, data)[0]
         if err:
             _check(err, "hipLaunchHostFunc")
+
+    # -- signals -----------------------------------------------------------------
+    def _can_wait_value(self, device: int) -> bool:
+        """``hipDeviceAttributeCanUseStreamWaitValue``; ``False`` if the query itself fails."""
+        attribute = _hip.hipDeviceAttribute_t.hipDeviceAttributeCanUseStreamWaitValue
+        err, value = self._hipDeviceGetAttribute(attribute, device)
+        return not err and bool(value)
+
+    def signal_alloc(self) -> int:
+        """``hipExtMallocWithFlags(8, hipMallocSignalMemory)``, as ``hipStreamWaitValue64`` requires, zeroed."""
+        err, ptr = self._hipExtMallocWithFlags(8, _MALLOC_SIGNAL_MEMORY)
+        _check(err, "hipExtMallocWithFlags", requested=8)
+        signal = self._keep(self._pointers, ptr)
+        ctypes.c_uint64.from_address(signal).value = 0
+        return signal
+
+    def signal_free(self, signal: int) -> None:
+        """``hipFree`` (which waits for the device, as every free does)."""
+        _check(self._hipFree(self._pointer(signal))[0], "hipFree")
+        self._pointers.pop(signal, None)
+
+    def stream_wait_signal(self, stream: int, signal: int, value: int) -> None:
+        """``hipStreamWaitValue64(stream, signal, value, hipStreamWaitValueGte, ~0)``."""
+        st = self._streams.get(stream)
+        if st is None:
+            st = self._remember(self._streams, self._new_stream, stream)
+        ptr = self._pointers.get(signal)
+        if ptr is None:
+            ptr = self._remember(self._pointers, self._new_pointer, signal)
+        err = self._hipStreamWaitValue64(st, ptr, value, _WAIT_VALUE_GTE, _ALL_BITS)[0]
+        if err:
+            _check(err, "hipStreamWaitValue64")
 
     # -- graphs ------------------------------------------------------------------
     def stream_begin_capture(self, stream: int, mode: CaptureMode) -> None:

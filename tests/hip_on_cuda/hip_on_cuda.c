@@ -29,12 +29,17 @@
  * Handles: hipStream_t == cudaStream_t, hipEvent_t == cudaEvent_t,
  * hipGraph_t == cudaGraph_t, hipGraphExec_t == cudaGraphExec_t,
  * hipModule_t == cudaLibrary_t, hipFunction_t == cudaKernel_t.
+ *
+ * Stream memory operations exist only in the CUDA driver API: for
+ * hipStreamWaitValue64 (and the attribute that says it works) libcuda.so.1 is
+ * opened too, at the first such call.
  */
 #include "cuda_abi.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -888,7 +893,70 @@ HIP_API hipError_t hipMalloc(void** ptr, size_t size) {
     return hip_from_cuda(rt.cudaMalloc(ptr, size));
 }
 
-HIP_API hipError_t hipFree(void* ptr) { CUDART_REQUIRED(); return hip_from_cuda(rt.cudaFree(ptr)); }
+/* Signal memory (hipExtMallocWithFlags(hipMallocSignalMemory)) is mapped pinned host memory here;
+ * hipFree must know it from device memory, so its pointers are remembered. */
+#define HOC_MAX_SIGNALS 4096
+static void* hoc_signals[HOC_MAX_SIGNALS];
+static pthread_mutex_t hoc_signals_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int hoc_signal_remember(void* ptr) {
+    int kept = 0;
+    pthread_mutex_lock(&hoc_signals_lock);
+    for (size_t i = 0; i < HOC_MAX_SIGNALS && !kept; ++i) {
+        if (!hoc_signals[i]) {
+            hoc_signals[i] = ptr;
+            kept = 1;
+        }
+    }
+    pthread_mutex_unlock(&hoc_signals_lock);
+    return kept;
+}
+
+static int hoc_signal_forget(void* ptr) {
+    int found = 0;
+    pthread_mutex_lock(&hoc_signals_lock);
+    for (size_t i = 0; i < HOC_MAX_SIGNALS && !found; ++i) {
+        if (ptr && hoc_signals[i] == ptr) {
+            hoc_signals[i] = NULL;
+            found = 1;
+        }
+    }
+    pthread_mutex_unlock(&hoc_signals_lock);
+    return found;
+}
+
+HIP_API hipError_t hipFree(void* ptr) {
+    CUDART_REQUIRED();
+    if (hoc_signal_forget(ptr)) return hip_from_cuda(rt.cudaFreeHost(ptr));
+    return hip_from_cuda(rt.cudaFree(ptr));
+}
+
+/* hipExtMallocWithFlags flag values (hip_runtime_api.h). */
+#define HOC_DEVICE_MALLOC_DEFAULT 0x0
+#define HOC_MALLOC_SIGNAL_MEMORY 0x2
+
+/* Default: cudaMalloc. Signal memory: 8 bytes (HIP requires exactly that) of
+ * portable, mapped pinned memory, zeroed. Fine-grained and uncached device
+ * memory have no CUDA counterpart: hipErrorInvalidValue. */
+HIP_API hipError_t hipExtMallocWithFlags(void** ptr, size_t size, unsigned int flags) {
+    CUDART_REQUIRED();
+    if (!ptr) return hip_local(hipErrorInvalidValue);
+    *ptr = NULL;
+    if (flags == HOC_DEVICE_MALLOC_DEFAULT) {
+        if (size == 0) return hipSuccess;
+        return hip_from_cuda(rt.cudaMalloc(ptr, size));
+    }
+    if (flags != HOC_MALLOC_SIGNAL_MEMORY || size != 8) return hip_local(hipErrorInvalidValue);
+    hoc_cudaError err = rt.cudaHostAlloc(ptr, 8, 1u | 2u /* cudaHostAllocPortable | cudaHostAllocMapped */);
+    if (err) return hip_from_cuda(err);
+    memset(*ptr, 0, 8);
+    if (!hoc_signal_remember(*ptr)) {
+        rt.cudaFreeHost(*ptr);
+        *ptr = NULL;
+        return hip_local(hipErrorOutOfMemory);
+    }
+    return hipSuccess;
+}
 
 /* hipHostMallocPortable 1 / Mapped 2 / WriteCombined 4 == cudaHostAlloc's flags;
  * the AMD-only NUMA and coherence bits are dropped. */
@@ -999,6 +1067,69 @@ HIP_API hipError_t hipLaunchHostFunc(hipStream_t stream, hipHostFn_t fn, void* u
     CUDART_REQUIRED();
     if (!fn) return hip_local(hipErrorInvalidValue);
     return hip_from_cuda(rt.cudaLaunchHostFunc(stream, fn, user_data));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Stream memory operations, through the CUDA driver API                     */
+/* ------------------------------------------------------------------------ */
+typedef int (*hoc_cu_wait_value64_fn)(hoc_stream, unsigned long long, uint64_t, unsigned int);
+typedef int (*hoc_cu_device_get_fn)(int*, int);
+typedef int (*hoc_cu_device_get_attribute_fn)(int*, int, int);
+typedef int (*hoc_cu_get_proc_address_fn)(const char*, void**, int, uint64_t, int*);
+
+static struct {
+    hoc_cu_wait_value64_fn wait_value64;
+    hoc_cu_device_get_fn device_get;
+    hoc_cu_device_get_attribute_fn device_get_attribute;
+} drv;
+static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
+
+/* cuStreamWaitValue64 as of CUDA 12 (the "v2" memory operations, on by default). */
+static void load_driver(void) {
+    void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!handle) return;
+    *(void**)(&drv.device_get) = dlsym(handle, "cuDeviceGet");
+    *(void**)(&drv.device_get_attribute) = dlsym(handle, "cuDeviceGetAttribute");
+    hoc_cu_get_proc_address_fn get_proc = NULL;
+    *(void**)(&get_proc) = dlsym(handle, "cuGetProcAddress_v2");
+    void* fn = NULL;
+    int status = 0;
+    if (get_proc && get_proc("cuStreamWaitValue64", &fn, 12000, 0, &status) != 0) fn = NULL;
+    if (!fn) fn = dlsym(handle, "cuStreamWaitValue64_v2");
+    *(void**)(&drv.wait_value64) = fn;
+}
+
+/* HIP's enum value (hipDeviceAttributeAmdSpecificBegin = 10000 = ClockInstructionRate, ...). */
+#define HOC_ATTR_CAN_USE_STREAM_WAIT_VALUE 10013
+#define HOC_CU_CAN_USE_64_BIT_STREAM_MEM_OPS 93
+
+/* Only the attribute streamrt asks for; any other is hipErrorInvalidValue. */
+HIP_API hipError_t hipDeviceGetAttribute(int* value, int attr, int device) {
+    CUDART_REQUIRED();
+    if (!value || attr != HOC_ATTR_CAN_USE_STREAM_WAIT_VALUE) return hip_local(hipErrorInvalidValue);
+    int count = 0;
+    hoc_cudaError err = rt.cudaGetDeviceCount(&count); /* also initializes the driver */
+    if (err) return hip_from_cuda(err);
+    if (device < 0 || device >= count) return hip_local(hipErrorInvalidDevice);
+    pthread_once(&drv_once, load_driver);
+    int cu_device = 0, supported = 0;
+    if (!drv.wait_value64 || !drv.device_get || !drv.device_get_attribute || drv.device_get(&cu_device, device) != 0 ||
+        drv.device_get_attribute(&supported, HOC_CU_CAN_USE_64_BIT_STREAM_MEM_OPS, cu_device) != 0)
+        supported = 0;
+    *value = supported;
+    return hipSuccess;
+}
+
+/* hipStreamWaitValue{Gte,Eq,And,Nor} = 0..3 = CU_STREAM_WAIT_VALUE_{GEQ,EQ,AND,NOR}. CUDA has no
+ * mask: only the all-ones mask is accepted. The pointer is passed as is (unified addressing: a
+ * mapped pinned pointer is its own device address). CUresult codes that can come back here
+ * (1, 101, 201, 400, 801, ...) have the same numbers as the cudaError_t values they are mapped by. */
+HIP_API hipError_t hipStreamWaitValue64(hipStream_t stream, void* ptr, uint64_t value, unsigned int flags, uint64_t mask) {
+    CUDART_REQUIRED();
+    if (!ptr || flags > 3 || mask != ~(uint64_t)0) return hip_local(hipErrorInvalidValue);
+    pthread_once(&drv_once, load_driver);
+    if (!drv.wait_value64) return hip_local(hipErrorNotSupported);
+    return hip_from_cuda((hoc_cudaError)drv.wait_value64(stream, (unsigned long long)(uintptr_t)ptr, value, flags));
 }
 
 /* ------------------------------------------------------------------------ */
