@@ -38,7 +38,8 @@ sync_wake_us                op it enqueued, minus one API call: the sum of wake-
 host_func_start_us          launch of a ``sem_post`` host function on an idle stream -> the host
                             thread waiting on it wakes, minus launch latency and wake-up (GPU only)
 python_host_call_us         stream time of a no-op Python host function run on the runtime's
-                            worker (between two event records), minus two native host functions
+                            worker (between two event records), minus the native host functions
+                            it is made of (one when held by a signal wait, else two)
 charge_host_time            set on a GPU: the simulator then charges the host's real Python time
                             between backend calls, as the calibrated GPU's host would spend it
 ==========================  =====================================================================
@@ -336,6 +337,7 @@ def calibrate(rt: Runtime, *, repeats: int = 7, quick: bool = False, progress: P
             return statistics.median(stalls)
 
         scalars["python_host_call_stall_us"] = python_host_call
+        native_per_call = 1 if engine.stream_signals else 2
 
         # -- wake-up + launch latency: the device gap around a host synchronize ---------------------------------
         def turnaround() -> float:
@@ -407,7 +409,9 @@ def calibrate(rt: Runtime, *, repeats: int = 7, quick: bool = False, progress: P
         "h2h_gbps": round(measured["h2h_gbps"], 3),
         "host_func_us": round(measured["host_func_us"], 3),
         "event_record_us": round(max(measured["event_record_us"], 0.0), 3),
-        "python_host_call_us": round(max(measured["python_host_call_stall_us"] - 2.0 * measured["host_func_us"], 0.0), 3),
+        "python_host_call_us": round(
+            max(measured["python_host_call_stall_us"] - native_per_call * measured["host_func_us"], 0.0), 3
+        ),
         "charge_host_time": not bench.virtual,
         "launch_latency_us": round(launch, 3),
         "sync_wake_us": round(wake, 3),
@@ -426,7 +430,10 @@ def calibrate(rt: Runtime, *, repeats: int = 7, quick: bool = False, progress: P
             "h2h_gbps": "line through 3 sizes (pinned)",
             "host_func_us": "period of native no-op host functions",
             "event_record_us": "period of event records",
-            "python_host_call_us": f"stall of a no-op Python host call {measured['python_host_call_stall_us']:.3f} us - 2 x host_func_us",
+            "python_host_call_us": (
+                f"stall of a no-op Python host call {measured['python_host_call_stall_us']:.3f} us"
+                f" - {native_per_call} x host_func_us"
+            ),
             "charge_host_time": "on: the simulator charges the host's real Python time (off when calibrating a simulator)",
             "launch_latency_us": f"sync turnaround {measured['sync_turnaround_us']:.3f} us - api, x 4/7",
             "sync_wake_us": f"sync turnaround {measured['sync_turnaround_us']:.3f} us - api, x 3/7",

@@ -748,6 +748,10 @@ class CompletionEngine:
             lower ``sys.setswitchinterval`` to this many seconds (default
             50 µs) so its worker gets the GIL promptly; ``None`` never touches
             the interpreter setting. See :mod:`streamrt._hostcall`.
+        stream_signals: hold a stream for a Python host call with a
+            device-side wait on a signal (one host function per call) where the
+            backend supports it; ``False``: with a second host function,
+            ``sem_wait(done)``, everywhere. See :mod:`streamrt._hostcall`.
         max_pooled_events: idle events kept for reuse; more are destroyed.
         exit_timeout: how long the ``atexit`` hook waits for in-flight work
             before giving up on it (default ``$STREAMRT_EXIT_TIMEOUT`` or 5 s).
@@ -763,6 +767,7 @@ class CompletionEngine:
         device: int,
         *,
         python_host_switch_interval: float | None = 5e-5,
+        stream_signals: bool = True,
         max_pooled_events: int = 1024,
         exit_timeout: float | None = None,
         watchdog_interval: float | None = 0.5,
@@ -783,6 +788,10 @@ class CompletionEngine:
         self._lanes: dict[int, _Lane] = {}
         self._retiring: set[_Lane] = set()  # lanes of forgotten streams, still retiring their work
         self._channels: dict[int, HostChannel] = {}
+        self._signals: list[int] | None = None  # idle signals for new channels; None: channels use semaphores
+        self._uses_signals = bool(stream_signals and backend.capabilities(device).supports_stream_signals)
+        if self._uses_signals:
+            self._signals = []
         self._slots: set[HostSlot] = set()
         self._pool: list[int] = []
         self._events_created = 0
@@ -1031,8 +1040,37 @@ class CompletionEngine:
             self._check_open()
             channel = self._channels.get(stream)
             if channel is None:
-                channel = self._channels[stream] = HostChannel(self, stream)
+                channel = self._channels[stream] = HostChannel(self, stream, self._take_signal_locked())
         return channel
+
+    @property
+    def stream_signals(self) -> bool:
+        """``True`` when Python host calls hold their stream with a signal wait (one host function each)."""
+        return self._uses_signals
+
+    def _take_signal_locked(self) -> int | None:
+        """A signal for a new channel (an idle one, else a new one); ``None`` without signals. Lock held."""
+        if self._signals is None:
+            return None
+        if self._signals:
+            return self._signals.pop()
+        return self._backend.signal_alloc()
+
+    def _return_signal(self, signal: int, *, reusable: bool) -> None:
+        """A stopped channel's signal: kept for the next channel, or leaked if a stream may still wait on it."""
+        if not reusable:
+            return  # leaked: a failed stream may still reach a wait on it
+        with self._lock:
+            if self._signals is not None and not self._closed:
+                self._signals.append(signal)
+                return
+        self._free_signal(signal)
+
+    def _free_signal(self, signal: int) -> None:
+        try:
+            self._backend.signal_free(signal)
+        except Exception:  # noqa: BLE001 - a failed context; the memory is gone with it
+            _log.debug("signal_free failed", exc_info=True)
 
     def _announce_host_work(self, fn: Callable[..., Any]) -> None:
         """Before the ``sem_wait(done)`` of a Python host call: tell a simulator how long ``fn`` runs."""
@@ -1182,6 +1220,10 @@ class CompletionEngine:
             worker.stop(forced=forced, join_timeout=join_timeout)
             if isinstance(worker, HostSlot):
                 worker.closed = True
+        with self._lock:
+            signals, self._signals = self._signals or [], None
+        for signal in signals:
+            self._free_signal(signal)
         pool, self._pool = self._pool, []
         for event in pool:
             try:

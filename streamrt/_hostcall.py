@@ -1,16 +1,30 @@
 """Python host functions in stream order, run on runtime worker threads.
 
-How one Python host call runs (see :meth:`CompletionEngine.host_call`)::
+How one Python host call runs (see :meth:`CompletionEngine.host_call`) on a
+backend with stream signals (``Capabilities.supports_stream_signals``)::
+
+    stream:  ... | sem_post(ready) | wait signal >= t | guard event | ...later work...
+                       |                    ^                 |
+    worker:   sem_wait(ready) -> pop head -> fn(*args) -> store outcome -> signal = t
+    lane:                                                     +-> resolve the Completion
+
+and elsewhere (or with ``stream_signals=False``)::
 
     stream:  ... | sem_post(ready) | sem_wait(done) | guard event | ...later work...
-                       |                  ^                  |
     worker:   sem_wait(ready) -> pop head -> fn(*args) -> store outcome -> sem_post(done)
-    lane:                                                    +-> resolve the Completion
 
-The driver (or simulator) callback thread only ever runs the two libc
-functions; it never takes the GIL. The stream is held by ``sem_wait(done)``
-until the worker has run ``fn``, so later work on the stream still waits for
-``fn``, exactly as with a host function run by the driver itself.
+The driver (or simulator) callback thread only ever runs libc functions; it
+never takes the GIL. The stream is held until the worker has run ``fn``, so
+later work on the stream still waits for ``fn``, exactly as with a host
+function run by the driver itself.
+
+Why a signal. Each host function is a GPU -> host -> GPU round trip (about
+0.2 ms on the H200's VMs), and ``sem_wait(done)`` is a second one. With a
+signal the stream waits on the device for a 64-bit word the worker stores
+after ``fn`` (``cuStreamWaitValue64`` / ``hipStreamWaitValue64``, tickets
+counting up per stream): one round trip, and the driver's callback thread,
+which runs the host functions of every stream of the context one at a time,
+is not held while ``fn`` runs.
 
 Rules for ``fn`` (documented for users in the asyncio guide):
 
@@ -29,8 +43,9 @@ Rules for ``fn`` (documented for users in the asyncio guide):
 Faults. If the stream fails before the driver reaches the call, the lane's
 wait for the guard event raises; the call is then *abandoned*: its Completion
 gets the error and ``fn`` never runs, so no waiter hangs on a host function a
-failed context will never reach. Semaphores that a failed or abandoned call
-may still name are leaked (never freed) rather than risk a late write.
+failed context will never reach. Semaphores (and signals) that a failed or
+abandoned call may still name are leaked (never freed) rather than risk a late
+write.
 
 GIL latency. A worker needs the GIL to run ``fn``. While the main thread runs
 Python, CPython hands the GIL over only every *switch interval* (5 ms by
@@ -44,20 +59,22 @@ leave it alone. A value the user sets meanwhile is never overwritten.
 
 Simulated time. On the simulator (a backend with ``expect_host_work``) the
 worker also times each run of ``fn`` into a :class:`HostWorkEstimate` per
-function, and the ``sem_wait(done)`` host function is announced to the
-simulator with it, so the simulated stream is held for about as long as the
+function, and the signal wait (or ``sem_wait(done)`` host function) is
+announced to the simulator with it, so the simulated stream is held for about as long as the
 function really takes (a GPU stream simply waits for it).
 
 Graph capture. A captured host node must re-run the Python function on every
 replay, so it cannot use the per-stream FIFO of eager calls (a replay does not
 go through :meth:`~CompletionEngine.host_call`). :class:`HostSlot` is one
 captured Python host node: its own two semaphores, function, arguments and
-worker, owned by the Graph and alive as long as it.
+worker, owned by the Graph and alive as long as it. Slots hold their stream
+with ``sem_wait(done)``: a captured signal wait would need a fixed value.
 """
 
 from __future__ import annotations
 
 import collections
+import ctypes
 import itertools
 import logging
 import sys
@@ -140,10 +157,12 @@ class HostRequest:
     means the stream failed before the driver reached the call: the
     Completion already holds the error and the worker, should it ever be
     woken for this request, skips ``fn``. ``post_done`` is ``False`` when the
-    ``sem_wait(done)`` half could not be enqueued (nobody will wait for done).
+    half that holds the stream could not be enqueued (nothing waits to be let
+    go). ``ticket``: the signal value the stream waits for (0: it waits on
+    ``done``).
     """
 
-    __slots__ = ("abandoned", "args", "completion", "exc", "finished", "fn", "post_done", "ran", "value")
+    __slots__ = ("abandoned", "args", "completion", "exc", "finished", "fn", "post_done", "ran", "ticket", "value")
 
     def __init__(self, fn: Callable[..., Any] | None, args: tuple[Any, ...], completion: Completion) -> None:
         self.fn = fn
@@ -153,6 +172,7 @@ class HostRequest:
         self.finished = False
         self.post_done = True
         self.ran = False
+        self.ticket = 0
         self.value: Any = None
         self.exc: BaseException | None = None
 
@@ -299,10 +319,10 @@ class _Worker:
         if leftovers:
             self._broken = True
             # The driver may still reach these calls (a forced close, or a stream that
-            # "recovers"): credit `done` for each so its sem_wait(done) cannot hang.
+            # "recovers"): let the stream go past each so it cannot hang.
             for req in leftovers:
                 if req.post_done and not req.ran:
-                    self.done.post()
+                    self._let_stream_go(req)
         thread_alive = False
         if self._started:
             self.ready.post()
@@ -315,6 +335,14 @@ class _Worker:
         else:
             self.ready.destroy()
             self.done.destroy()
+        self._stopped(reusable=not (self._broken or forced or thread_alive))
+
+    def _let_stream_go(self, req: HostRequest) -> None:
+        """The worker is done with ``req``: release the stream waiting behind it."""
+        self.done.post()
+
+    def _stopped(self, *, reusable: bool) -> None:
+        """After :meth:`stop`; ``reusable``: nothing enqueued can still name this worker's memory."""
 
     # -- worker thread ---------------------------------------------------------
     def _run(self) -> None:
@@ -347,7 +375,7 @@ class _Worker:
                     self._ran(req)
                 del fn, args  # dropped here, on the worker thread
             if req.post_done:
-                self.done.post()
+                self._let_stream_go(req)
             self._finish(req)
             if self._stopping and not queue:
                 return
@@ -367,22 +395,31 @@ class HostChannel(_Worker):
     """The per-stream FIFO of eager Python host calls (one worker thread per stream).
 
     Stream FIFO order makes the queue's head the request the driver just
-    reached, so one ``ready`` post means "run the head". Submission
-    (append + the two native host functions) happens under one lock so that
-    two threads enqueueing on the same stream cannot interleave.
+    reached, so one ``ready`` post means "run the head". Submission (append +
+    ``sem_post(ready)`` + the hold) happens under one lock so that two threads
+    enqueueing on the same stream cannot interleave.
+
+    The hold is a wait on the channel's ``signal`` for the request's ticket
+    when the engine gives the channel one (tickets count up from the signal's
+    value at creation; the worker stores each ticket once ``fn`` has run, and
+    stores only ever raise the value), else ``sem_wait(done)``.
     """
 
-    def __init__(self, engine: CompletionEngine, stream: int) -> None:
+    def __init__(self, engine: CompletionEngine, stream: int, signal: int | None = None) -> None:
         super().__init__(engine, f"streamrt-host-{stream:#x}")
         self.stream = stream
         self._submit_lock = threading.Lock()
+        self.signal = signal
+        self._word = None if signal is None else ctypes.c_uint64.from_address(signal)
+        self._ticket = 0 if self._word is None else self._word.value  # the last ticket handed out
+        self._opened = self._ticket  # the highest ticket stored (guarded by _cond)
 
     def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], completion: Completion) -> HostRequest:
         """Enqueue ``fn(*args)`` on the stream; raises the backend's error if nothing was enqueued.
 
-        If the first native function was enqueued but the second was not, the
-        request is abandoned with that error (``fn`` will not run) and the
-        error is raised.
+        If ``sem_post(ready)`` was enqueued but the hold was not, the request
+        is abandoned with that error (``fn`` will not run) and the error is
+        raised.
         """
         self._start()
         req = HostRequest(fn, args, completion)
@@ -402,12 +439,33 @@ class HostChannel(_Worker):
                 raise
             try:
                 self._engine._announce_host_work(fn)
-                backend.launch_host_func(self.stream, SEM_WAIT_ADDRESS, self.done.address)
+                if self.signal is None:
+                    backend.launch_host_func(self.stream, SEM_WAIT_ADDRESS, self.done.address)
+                else:
+                    # Spent even if the wait fails to enqueue: the worker may already have
+                    # stored it, and a later wait for the same value would pass too early.
+                    self._ticket += 1
+                    req.ticket = self._ticket
+                    backend.stream_wait_signal(self.stream, self.signal, req.ticket)
             except BaseException as exc:
-                req.post_done = False  # `ready` will still be posted: the worker skips fn, posts nothing
+                req.post_done = False  # `ready` will still be posted: the worker skips fn, releases nothing
                 self.abandon(req, exc)
                 raise
         return req
+
+    def _let_stream_go(self, req: HostRequest) -> None:
+        if self._word is None:
+            self.done.post()
+            return
+        with self._cond:
+            if req.ticket > self._opened:
+                self._opened = req.ticket
+                self._word.value = req.ticket
+
+    def _stopped(self, *, reusable: bool) -> None:
+        signal, self.signal, self._word = self.signal, None, None
+        if signal is not None:
+            self._engine._return_signal(signal, reusable=reusable)
 
     def retire(self, req: HostRequest, error: BaseException | None, posts: Any) -> None:
         """On the lane, when the guard event after ``req`` retired (``error`` if its wait failed).

@@ -43,6 +43,7 @@ def open_runtime(
     host_allocator: str | AllocatorFactory | Allocator = "caching",
     device_allocator: str | AllocatorFactory | Allocator = "caching",
     python_host_switch_interval: float | None = 5e-5,
+    stream_signals: bool = True,
     trace: bool | None = None,
     **backend_options: Any,
 ) -> Runtime:
@@ -55,6 +56,9 @@ def open_runtime(
     ``(runtime, kind) -> Allocator``. Extra keyword options go to the backend
     (for the simulator: ``profile=``, ``devices=``, ``check_hazards=``).
     ``trace=True`` traces every op from the start (see ``rt.trace()`` for a region).
+    ``stream_signals=False`` holds a stream for a Python host function with a
+    second host function instead of a device-side signal wait (see
+    ``docs/asyncio.md``, "How a Python host function holds its stream").
 
     One runtime per device: ``open_runtime("cuda", device=1)`` next to a runtime
     on device 0 shares its backend object, so streams of the two wait on each
@@ -84,6 +88,7 @@ def open_runtime(
             host_allocator=host_allocator,
             device_allocator=device_allocator,
             python_host_switch_interval=python_host_switch_interval,
+            stream_signals=stream_signals,
             lease=lease,
         )
     except BaseException:
@@ -142,6 +147,7 @@ class Runtime:
         host_allocator: str | AllocatorFactory | Allocator = "caching",
         device_allocator: str | AllocatorFactory | Allocator = "caching",
         python_host_switch_interval: float | None = 5e-5,
+        stream_signals: bool = True,
         lease: BackendLease | None = None,
     ) -> None:
         self._backend = backend
@@ -166,7 +172,12 @@ class Runtime:
         if self._multi_device:  # frees and device-wide syncs on the releaser thread act on this device
             self.releaser.submit(backend.ensure_device, device)
         engine_backend: Any = _EngineBackend(backend, device) if self._multi_device else backend
-        self._engine = CompletionEngine(engine_backend, device, python_host_switch_interval=python_host_switch_interval)
+        self._engine = CompletionEngine(
+            engine_backend,
+            device,
+            python_host_switch_interval=python_host_switch_interval,
+            stream_signals=stream_signals,
+        )
         try:
             self._host_allocator = self._make_allocator(host_allocator, HOST)
             try:

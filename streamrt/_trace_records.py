@@ -30,6 +30,7 @@ CATEGORY = {
     "host_python": "host_function",
     "record": "marker",
     "wait_event": "event_wait",
+    "wait_signal": "event_wait",
     "graph_launch": "graph",
     "malloc_async": "marker",
     "free_async": "marker",
@@ -48,7 +49,8 @@ class TraceRecord:
         seq: enqueue order within the trace (0, 1, ...).
         kind: ``memset``, ``host_to_device``, ``device_to_host``, ``device_to_device``,
             ``host_to_host``, ``kernel``, ``host_native``, ``host_python``, ``record``,
-            ``wait_event``, ``graph_launch``, ...
+            ``wait_event``, ``wait_signal`` (a stream waiting for a host-written signal),
+            ``graph_launch``, ...
         category: see :data:`CATEGORY`.
         stream: the stream's label (its name, or ``"stream N"`` for unnamed streams).
         nbytes: bytes moved or set (0 where it does not apply).

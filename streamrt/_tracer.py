@@ -85,6 +85,7 @@ _SIM_KIND = {
     "host_func": "host_native",
     "event_record": "record",
     "wait_event": "wait_event",
+    "wait_signal": "wait_signal",
     "malloc_async": "malloc_async",
     "free_async": "free_async",
     "graph_launch": "graph_launch",
@@ -639,6 +640,8 @@ class Tracer:
             f["_key"] = (first, 0, 0)
             graph_nodes = [r for r in mine if r.graph_exec and r.node >= 0]
             body = [r for r in mine if r.kind in _SIM_WORK] or [r for r in mine if r.kind == "wait_event"] or mine
+            if p.kind == "host_python":  # its sem_post and what holds the stream: a signal wait or sem_wait
+                body = [r for r in mine if r.kind in _SIM_WORK or r.kind == "wait_signal"]
             f["device_start_us"] = min(r.start_us for r in body)
             f["device_end_us"] = max(r.end_us for r in body)
             if p.kind == "host_python":

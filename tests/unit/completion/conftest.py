@@ -31,6 +31,7 @@ def harness(sim_backend: Any) -> Iterator[Harness]:
         h.teardown()
 
 
-@pytest.fixture
-def engine(harness: Harness) -> CompletionEngine:
-    return harness.engine()
+@pytest.fixture(params=[True, False], ids=["signal-hold", "sem_wait-hold"])
+def engine(harness: Harness, request: pytest.FixtureRequest) -> CompletionEngine:
+    """An engine whose Python host calls hold their stream with a signal wait, or with ``sem_wait(done)``."""
+    return harness.engine(stream_signals=request.param)

@@ -16,6 +16,7 @@ from _completion_helpers import FaultyBackend, Harness, wait_until
 
 from streamrt._completion import Completion, CompletionEngine
 from streamrt._errors import BackendError, CaptureError, ClosedError
+from streamrt._backends.protocol import PointerKind
 from streamrt._native import SEM_POST_ADDRESS, Semaphore
 
 
@@ -605,3 +606,99 @@ def test_idle_lanes_and_workers_do_not_poll(harness: Harness, engine: Completion
     time.sleep(0.3)
     after = [_thread_cpu_ticks(i) for i in ids]
     assert [a - b for a, b in zip(after, before)] == [0] * len(ids)
+
+
+# -- how a Python host call holds its stream -----------------------------------------------------------
+
+
+def _signal_value(engine: CompletionEngine, stream: int) -> int:
+    channel = engine._channels[stream]
+    assert channel.signal is not None
+    return ctypes.c_uint64.from_address(channel.signal).value
+
+
+def test_with_signals_each_call_is_one_host_function_and_a_ticket_on_the_stream_signal(harness: Harness) -> None:
+    engine = harness.engine(stream_signals=True)
+    assert engine.stream_signals
+    s = harness.stream()
+    log_start = max((r.seq for r in harness.backend.op_log()), default=0)
+    results = [engine.host_call(s, lambda i=i: i) for i in range(3)]
+    assert [c.result(5) for c in results] == [0, 1, 2]
+    kinds = [r.kind for r in harness.backend.op_log() if r.seq > log_start and r.stream == s]
+    assert kinds == ["host_func", "wait_signal", "event_record"] * 3
+    assert _signal_value(engine, s) == 3  # the worker stored tickets 1, 2, 3
+
+
+def test_without_signals_each_call_is_two_host_functions(harness: Harness) -> None:
+    engine = harness.engine(stream_signals=False)
+    assert not engine.stream_signals
+    s = harness.stream()
+    log_start = max((r.seq for r in harness.backend.op_log()), default=0)
+    assert engine.host_call(s, lambda: 7).result(5) == 7
+    kinds = [r.kind for r in harness.backend.op_log() if r.seq > log_start and r.stream == s]
+    assert kinds == ["host_func", "host_func", "event_record"]
+
+
+def test_a_failed_signal_wait_enqueue_abandons_the_call_and_spends_its_ticket(harness: Harness) -> None:
+    """The worker may store the failed call's ticket; the next call must wait for a higher one."""
+
+    class FailingWaitOnce:
+        failed = False
+
+        def __init__(self, inner: Any) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._inner, name)
+
+        def stream_wait_signal(self, stream: int, signal: int, value: int) -> None:
+            if not FailingWaitOnce.failed:
+                FailingWaitOnce.failed = True
+                raise BackendError("sim", 1, "cudaErrorInvalidValue", "injected", "stream_wait_signal")
+            self._inner.stream_wait_signal(stream, signal, value)
+
+    engine = harness.engine(FailingWaitOnce(harness.backend), stream_signals=True)
+    s = harness.stream()
+    ran: list[str] = []
+    with pytest.raises(BackendError, match="injected"):
+        engine.host_call(s, ran.append, ("failed",))
+    release = threading.Event()
+    engine.host_call(s, release.wait, (5,))
+    after = engine.completion_for_stream(s)
+    time.sleep(0.05)
+    assert not after.is_done  # the stream still waits for the second call's own ticket
+    release.set()
+    after.wait(5)
+    engine.drain(timeout=5)
+    assert ran == []  # the abandoned call never ran
+    assert _signal_value(engine, s) == 2
+
+
+def test_a_forgotten_streams_signal_is_reused_and_tickets_go_on_from_its_value(harness: Harness) -> None:
+    engine = harness.engine(stream_signals=True)
+    s1 = harness.stream()
+    engine.host_call(s1, lambda: None).wait(5)
+    engine.host_call(s1, lambda: None).wait(5)
+    signal = engine._channels[s1].signal
+    engine.forget_stream(s1)
+    assert wait_until(lambda: engine._signals == [signal])  # the lane stopped the channel and returned it
+    s2 = harness.stream()
+    release = threading.Event()
+    engine.host_call(s2, release.wait, (5,))
+    assert engine._channels[s2].signal == signal
+    after = engine.completion_for_stream(s2)
+    time.sleep(0.05)
+    assert not after.is_done  # ticket 3, not an old one already stored
+    release.set()
+    after.wait(5)
+    assert _signal_value(engine, s2) == 3
+
+
+def test_close_frees_the_signals(harness: Harness) -> None:
+    engine = harness.engine(stream_signals=True)
+    s = harness.stream()
+    engine.host_call(s, lambda: None).wait(5)
+    signal = engine._channels[s].signal
+    assert harness.backend.pointer_kind(signal) is PointerKind.HOST
+    engine.close()
+    assert harness.backend.pointer_kind(signal) is PointerKind.PAGEABLE  # freed

@@ -44,12 +44,19 @@ def test_a_python_host_function_holds_the_stream_for_as_long_as_it_runs() -> Non
         assert 2 * 10.0 + 25.0 + 1900.0 < later < 2 * 10.0 + 25.0 + 20_000.0
 
 
-def test_without_charge_host_time_a_python_host_function_costs_the_model_alone() -> None:
-    """The default: deterministic times, however long the function really runs."""
-    with srt.open_runtime("sim", profile=PROFILE.replace(charge_host_time=False)) as rt:
+@pytest.mark.parametrize(("signals", "host_functions"), [(True, 1), (False, 2)])
+def test_without_charge_host_time_a_python_host_function_costs_the_model_alone(signals: bool, host_functions: int) -> None:
+    """The default: deterministic times, however long the function really runs.
+
+    Held by a signal, the call is one host function (``sem_post(ready)``) and a
+    wait; else two host functions.
+    """
+    profile = PROFILE.replace(charge_host_time=False)
+    with srt.open_runtime("sim", profile=profile, stream_signals=signals) as rt:
         s = rt.create_stream()
+        s.launch_host_func(_work_2ms)  # the first call also makes the stream's worker (and signal)
         stalls = [_stall_us(rt, s, lambda: s.launch_host_func(_work_2ms)) for _ in range(4)]
-        assert stalls == [pytest.approx(2 * 10.0 + 25.0, abs=PROFILE.api_call_us)] * 4
+        assert stalls == [pytest.approx(host_functions * 10.0 + 25.0, abs=PROFILE.api_call_us)] * 4
 
 
 def test_a_native_host_function_costs_the_model_alone() -> None:
