@@ -48,7 +48,7 @@ _CACHE_LIMIT = 4096  # bound on cached wrapper objects for handles created elsew
 # Driver-API result codes used on the error path (values fixed by cuda.h).
 _CUDA_ERROR_INVALID_CONTEXT = 201
 _CU_STREAM_WAIT_VALUE_GEQ = 0  # CUstreamWaitValue_flags (cuda.h)
-_CAN_USE_64_BIT_STREAM_MEM_OPS = 93  # CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS (cuda.h)
+_CAN_USE_64_BIT_STREAM_MEM_OPS = 122  # CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS (cuda.h; 93 is the V1 API)
 # cudaErrorPeerAccessAlreadyEnabled (driver_types.h): enable_peer_access treats it as success.
 _PEER_ACCESS_ALREADY_ENABLED = 704
 

@@ -1101,7 +1101,7 @@ static void load_driver(void) {
 
 /* HIP's enum value (hipDeviceAttributeAmdSpecificBegin = 10000 = ClockInstructionRate, ...). */
 #define HOC_ATTR_CAN_USE_STREAM_WAIT_VALUE 10013
-#define HOC_CU_CAN_USE_64_BIT_STREAM_MEM_OPS 93
+#define HOC_CU_CAN_USE_64_BIT_STREAM_MEM_OPS 122 /* the memory operations of CUDA 12 (93 is the V1 API) */
 
 /* Only the attribute streamrt asks for; any other is hipErrorInvalidValue. */
 HIP_API hipError_t hipDeviceGetAttribute(int* value, int attr, int device) {
