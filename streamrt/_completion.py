@@ -62,7 +62,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._errors import CaptureError, ClosedError
-from ._hostcall import HostChannel, HostRequest, HostSlot, HostWorkEstimates, switch_interval_guard
+from ._hostcall import (
+    DEFAULT_SWITCH_INTERVAL,
+    HostChannel,
+    HostRequest,
+    HostSlot,
+    HostWorkEstimates,
+    switch_interval_guard,
+)
+from ._native import tighten_timer_slack
 from ._watchdog import Watchdog
 
 if TYPE_CHECKING:
@@ -577,6 +585,7 @@ class _Lane:
             self._cond.notify_all()
 
     def _main(self) -> None:
+        tighten_timer_slack()  # it waits for the GIL after each wake-up
         try:
             self._run()
         finally:
@@ -746,7 +755,7 @@ class CompletionEngine:
         device: the device the runtime uses; lane threads make it current.
         python_host_switch_interval: while a Python host call is in flight,
             lower ``sys.setswitchinterval`` to this many seconds (default
-            50 µs) so its worker gets the GIL promptly; ``None`` never touches
+            10 µs) so its worker gets the GIL promptly; ``None`` never touches
             the interpreter setting. See :mod:`streamrt._hostcall`.
         stream_signals: hold a stream for a Python host call with a
             device-side wait on a signal (one host function per call) where the
@@ -766,7 +775,7 @@ class CompletionEngine:
         backend: Backend,
         device: int,
         *,
-        python_host_switch_interval: float | None = 5e-5,
+        python_host_switch_interval: float | None = DEFAULT_SWITCH_INTERVAL,
         stream_signals: bool = True,
         max_pooled_events: int = 1024,
         exit_timeout: float | None = None,

@@ -50,10 +50,14 @@ write.
 GIL latency. A worker needs the GIL to run ``fn``. While the main thread runs
 Python, CPython hands the GIL over only every *switch interval* (5 ms by
 default): measured on the H200, a Python host function then stalls its stream
-~5.4 ms against ~0.2 ms for a native one, and ~0.4 ms at a 50 µs interval. So
-while at least one Python host call is in flight, the runtime lowers the
-interpreter-wide switch interval (:class:`SwitchIntervalGuard`) and restores
-the previous value when none is. This is a global interpreter setting that
+~5.4 ms against ~0.2 ms for a native one. So while at least one Python host
+call is in flight, the runtime lowers the interpreter-wide switch interval
+(:class:`SwitchIntervalGuard`, to :data:`DEFAULT_SWITCH_INTERVAL`, 10 µs) and
+restores the previous value when none is; the interval only matters while a
+thread waits for the GIL, so nothing switches more often when none does. The
+worker threads also set their timer slack to 1 µs
+(:func:`~streamrt._native.tighten_timer_slack`): their timed wait for the GIL
+would otherwise end up to 50 µs late. This is a global interpreter setting that
 streamrt touches; pass ``python_host_switch_interval=None`` to the runtime to
 leave it alone. A value the user sets meanwhile is never overwritten.
 
@@ -84,12 +88,15 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ._native import SEM_POST_ADDRESS, SEM_WAIT_ADDRESS, Semaphore
+from ._native import SEM_POST_ADDRESS, SEM_WAIT_ADDRESS, Semaphore, tighten_timer_slack
 
 if TYPE_CHECKING:
     from ._completion import Completion, CompletionEngine
 
-__all__ = ["HostChannel", "HostSlot", "SwitchIntervalGuard", "switch_interval_guard"]
+__all__ = ["DEFAULT_SWITCH_INTERVAL", "HostChannel", "HostSlot", "SwitchIntervalGuard", "switch_interval_guard"]
+
+#: The switch interval (s) applied while Python host calls are in flight, unless the runtime is told otherwise.
+DEFAULT_SWITCH_INTERVAL = 1e-5
 
 _log = logging.getLogger("streamrt")
 _slot_ids = itertools.count(1)
@@ -346,6 +353,7 @@ class _Worker:
 
     # -- worker thread ---------------------------------------------------------
     def _run(self) -> None:
+        tighten_timer_slack()  # it waits for the GIL after each wake-up, while the stream is held
         ready_wait = self.ready.wait
         queue = self._queue
         while True:

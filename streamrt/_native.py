@@ -15,6 +15,7 @@ This module provides:
   ``int fn(sem_t*)``; called as ``void fn(void*)`` the return value is ignored,
   which is ABI-compatible on every platform we support.
 * :class:`Semaphore`: one unnamed, process-private POSIX semaphore.
+* :func:`tighten_timer_slack`: for runtime threads that wait for the GIL.
 
 Memory. A ``sem_t`` lives in memory obtained from libc ``calloc`` (32 bytes on
 Linux x86-64 and aarch64; :data:`SEM_T_SIZE`), not in a Python object, so a
@@ -44,6 +45,7 @@ __all__ = [
     "SEM_WAIT_ADDRESS",
     "Semaphore",
     "native_unavailable_reason",
+    "tighten_timer_slack",
 ]
 
 #: ``sizeof(sem_t)`` on Linux x86-64 and aarch64 (glibc and musl). We allocate
@@ -112,6 +114,9 @@ if _libc is not None and _libc_gil is not None:
     _free = _libc.free
     _free.argtypes = [ctypes.c_void_p]
     _free.restype = None
+    _prctl = _libc_gil.prctl
+    _prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    _prctl.restype = ctypes.c_int
 
     #: Address of libc ``sem_post``; enqueue it as a host function with a semaphore address.
     SEM_POST_ADDRESS: int = int(ctypes.cast(_sem_post, ctypes.c_void_p).value or 0)
@@ -120,6 +125,27 @@ if _libc is not None and _libc_gil is not None:
 else:  # pragma: no cover - exercised only off Linux
     SEM_POST_ADDRESS = 0
     SEM_WAIT_ADDRESS = 0
+
+_PR_SET_TIMERSLACK = 29  # linux/prctl.h
+#: Timer slack of runtime threads that wait for the GIL, in ns (Linux's default is 50 µs).
+TIMER_SLACK_NS = 1000
+
+
+def tighten_timer_slack(ns: int = TIMER_SLACK_NS) -> bool:
+    """Set the calling thread's timer slack to ``ns`` (Linux ``prctl(PR_SET_TIMERSLACK)``).
+
+    A thread waiting for the GIL waits on a condition variable with a timeout
+    of one switch interval before it asks the running thread to let go; Linux
+    may let such a timed wait run late by the thread's timer slack, 50 µs by
+    default, which doubles the 50 µs interval streamrt sets while Python host
+    calls are in flight. Called by the runtime's own worker and lane threads
+    only: it affects the calling thread and nothing else. ``False`` where it
+    is not available (not Linux) or refused.
+    """
+    if _libc_gil is None or not sys.platform.startswith("linux"):
+        return False
+    return bool(_prctl(_PR_SET_TIMERSLACK, ns, 0, 0, 0) == 0)
+
 
 # Semaphores deliberately never freed (see Semaphore.leak); kept only for statistics.
 _leaked_lock = threading.Lock()

@@ -21,6 +21,7 @@ from ._backends.protocol import Backend, Capabilities, priority_clamp
 from ._buffer import DEVICE, HOST, Buffer, wrap_foreign
 from ._completion import CompletionEngine
 from ._errors import ClosedError
+from ._hostcall import DEFAULT_SWITCH_INTERVAL
 from ._event import Event
 from ._releaser import Releaser
 from ._stream import Stream
@@ -42,7 +43,7 @@ def open_runtime(
     *,
     host_allocator: str | AllocatorFactory | Allocator = "caching",
     device_allocator: str | AllocatorFactory | Allocator = "caching",
-    python_host_switch_interval: float | None = 5e-5,
+    python_host_switch_interval: float | None = DEFAULT_SWITCH_INTERVAL,
     stream_signals: bool = True,
     trace: bool | None = None,
     **backend_options: Any,
@@ -146,7 +147,7 @@ class Runtime:
         *,
         host_allocator: str | AllocatorFactory | Allocator = "caching",
         device_allocator: str | AllocatorFactory | Allocator = "caching",
-        python_host_switch_interval: float | None = 5e-5,
+        python_host_switch_interval: float | None = DEFAULT_SWITCH_INTERVAL,
         stream_signals: bool = True,
         lease: BackendLease | None = None,
     ) -> None:

@@ -17,8 +17,16 @@ What it measures, side by side, interleaving variants and repeating rounds
 * ``host-function stall``: GPU time between two timing events around one host
   function while the main thread is busy in Python: a native no-op (libc
   ``sem_post``), a Python function through streamrt (worker thread; switch
-  interval lowered to 50 µs, and left at 5 ms), and a Python function run on
-  the driver thread (ctypes callback). Median µs.
+  interval lowered to the runtime's default, 10 µs, to 50 µs (the default
+  before run 27), and left at 5 ms), and a Python function run on
+  the driver thread (ctypes callback). Median µs. The stream is *held* (a
+  native ``sem_wait`` host function) while the events and the host function
+  are enqueued and let go just before the main thread gets busy, so the
+  interval holds what the host function costs the stream and not the host's
+  time to enqueue it (a few µs for a native function, tens of µs for a
+  Python one: that is the enqueue cost, measured by enqueue_cost.py). The
+  rows marked ``as enqueued`` time the same without the hold, as runs before
+  2026-11-29's run 27 did.
 * ``idle CPU``: CPU seconds used by the completion threads during 1 s idle.
 
 On the sim backend the stall figures are virtual time and the rest is real
@@ -44,7 +52,8 @@ from typing import Any
 
 
 import streamrt as srt
-from streamrt._native import Semaphore
+from streamrt._hostcall import DEFAULT_SWITCH_INTERVAL
+from streamrt._native import SEM_WAIT_ADDRESS, Semaphore
 
 _libc = ctypes.CDLL(None)
 _HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
@@ -181,18 +190,24 @@ def _busy(seconds: float) -> int:
     return x
 
 
-def _stall(rt: srt.Runtime, s: srt.Stream, enqueue: Callable[[], None], rounds: int) -> list[float]:
+def _stall(rt: srt.Runtime, s: srt.Stream, enqueue: Callable[[], None], rounds: int, held: bool) -> list[float]:
     t0, t1 = rt.create_event(timing=True), rt.create_event(timing=True)
+    gate = Semaphore(0)
     out = []
     for _ in range(rounds):
+        if held:
+            rt.backend.launch_host_func(s.handle, SEM_WAIT_ADDRESS, gate.address)
         s.record(t0)
         enqueue()
         s.record(t1)
+        if held:
+            gate.post()
         _busy(0.03)  # the main thread is busy in Python while the host function is due
         t1.synchronize()
         out.append(t0.elapsed_ms(t1) * 1000.0)
     t0.close()
     t1.close()
+    gate.destroy()
     return out
 
 
@@ -201,7 +216,12 @@ def _stall_variants(backend: str, rounds: int) -> dict[str, dict[str, float]]:
     sem = Semaphore(0)
     sem_post = _libc.sem_post
     py_driver = _HOST_FN(lambda _: None)
-    for label, interval in (("switch 50us", 5e-5), ("switch 5ms (not lowered)", None)):
+    intervals = (
+        (f"switch {DEFAULT_SWITCH_INTERVAL * 1e6:g}us", DEFAULT_SWITCH_INTERVAL),
+        ("switch 50us", 5e-5),
+        ("switch 5ms (not lowered)", None),
+    )
+    for label, interval in intervals:
         with srt.open_runtime(backend, python_host_switch_interval=interval) as rt:
             sys.setswitchinterval(0.005)
             s = rt.create_stream()
@@ -211,12 +231,15 @@ def _stall_variants(backend: str, rounds: int) -> dict[str, dict[str, float]]:
             }
             if interval is None:
                 variants["python fn on driver thread"] = lambda s=s: s.launch_host_func(py_driver)
-            samples: dict[str, list[float]] = {k: [] for k in variants}
+            samples: dict[str, list[float]] = {}
             for _ in range(3):  # interleave the variants
                 for name, enq in variants.items():
-                    samples[name] += _stall(rt, s, enq, max(1, rounds // 3))
+                    for held, how in ((True, ""), (False, ", as enqueued")):
+                        samples.setdefault(f"{name} [{label}{how}]", []).extend(
+                            _stall(rt, s, enq, max(1, rounds // 3), held)
+                        )
             for name, xs in samples.items():
-                results[f"{name} [{label}]"] = _summary(xs)
+                results[name] = _summary(xs)
     while sem.try_wait():
         pass
     sem.destroy()

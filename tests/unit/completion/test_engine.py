@@ -15,6 +15,7 @@ import pytest
 from _completion_helpers import FaultyBackend, Harness, wait_until
 
 from streamrt._completion import Completion, CompletionEngine
+from streamrt._hostcall import DEFAULT_SWITCH_INTERVAL
 from streamrt._errors import BackendError, CaptureError, ClosedError
 from streamrt._backends.protocol import PointerKind
 from streamrt._native import SEM_POST_ADDRESS, Semaphore
@@ -342,10 +343,10 @@ def test_switch_interval_lowered_while_a_python_host_call_is_pending(harness: Ha
     s = harness.stream()
     gate = harness.gate(s)
     c = engine.host_call(s, lambda: sys.getswitchinterval())
-    assert sys.getswitchinterval() == pytest.approx(5e-5)
+    assert sys.getswitchinterval() == pytest.approx(DEFAULT_SWITCH_INTERVAL)
     assert engine.statistics().switch_interval_lowered
     gate.open()
-    assert c.result(5) == pytest.approx(5e-5)
+    assert c.result(5) == pytest.approx(DEFAULT_SWITCH_INTERVAL)
     engine.drain()
     assert sys.getswitchinterval() == before
     assert not engine.statistics().switch_interval_lowered

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 import time
 
 import pytest
+from _completion_helpers import wait_until
 
 from streamrt import _native
-from streamrt._native import SEM_POST_ADDRESS, SEM_WAIT_ADDRESS, Semaphore
+from streamrt._native import SEM_POST_ADDRESS, SEM_WAIT_ADDRESS, TIMER_SLACK_NS, Semaphore, tighten_timer_slack
 
 pytestmark = pytest.mark.skipif(_native.native_unavailable_reason() is not None, reason=str(_native.native_unavailable_reason()))
 
@@ -143,3 +145,43 @@ def test_address_is_aligned() -> None:
     finally:
         for s in sems:
             s.destroy()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_TIMERSLACK) is Linux only")
+def test_tighten_timer_slack_sets_the_calling_threads_slack_only() -> None:
+    libc = ctypes.CDLL(None)
+    get_slack = lambda: libc.prctl(30, 0, 0, 0, 0)  # noqa: E731 - PR_GET_TIMERSLACK
+    seen: dict[str, int] = {}
+
+    def worker() -> None:
+        seen["before"] = get_slack()
+        assert tighten_timer_slack(2000)
+        seen["after"] = get_slack()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen["after"] == 2000 and seen["before"] != 2000
+    assert get_slack() != 2000  # this thread is untouched
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_TIMERSLACK) is Linux only")
+def test_runtime_worker_and_lane_threads_run_with_a_tight_timer_slack() -> None:
+    import streamrt as srt
+
+    libc = ctypes.CDLL(None)
+
+    def slack_here() -> tuple[str, int]:
+        return threading.current_thread().name, libc.prctl(30, 0, 0, 0, 0)  # PR_GET_TIMERSLACK
+
+    with srt.open_runtime("sim") as rt:
+        s = rt.create_stream()
+        worker = s.launch_host_func(slack_here).result(5)  # runs on the stream's worker
+        seen: list[tuple[str, int]] = []
+        slow = s.launch_host_func(time.sleep, 0.2)
+        slow.add_done_callback(lambda _c: seen.append(slack_here()))  # runs on the stream's lane
+        slow.result(5)
+        assert wait_until(lambda: bool(seen))
+    (lane,) = seen
+    assert worker[0].startswith("streamrt-host-") and worker[1] == TIMER_SLACK_NS
+    assert lane[0].startswith("streamrt-lane-") and lane[1] == TIMER_SLACK_NS

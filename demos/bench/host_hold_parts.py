@@ -1,0 +1,194 @@
+"""Where the stall of a Python host function goes: the parts of holding a stream, measured apart.
+
+A script, not a test. On a GPU backend with stream signals::
+
+    python demos/bench/host_hold_parts.py --backend cuda [--n 60]
+
+Each row is the GPU time between two timing events around what holds the
+stream (median and p99 µs over ``n`` samples, rows interleaved), with the main
+thread either idle (asleep) or busy running Python. Everything is enqueued
+while the stream is held by a native ``sem_wait`` gate, opened just before
+the main thread sleeps or gets busy, so no row holds the host's enqueue time:
+
+* ``native no-op``: one host function, libc ``sem_post`` (a GPU -> host -> GPU round trip);
+* ``native signal``: ``sem_post(ready)`` host function + a signal wait; a *native*
+  thread (compiled here with the C compiler, no GIL anywhere) waits on ``ready``
+  and stores the ticket: the floor of the signal hold;
+* ``native sem_wait``: ``sem_post(ready)`` + ``sem_wait(done)`` host functions with
+  the same native thread posting ``done``: the floor of the old hold;
+* ``python signal``: the same as ``native signal`` but the waiting thread is
+  Python (ctypes ``sem_wait``, then a ctypes store): adds the GIL;
+* ``python signal, slack 1us``: the same with the thread's timer slack at 1 µs
+  (as streamrt's workers set it), so its timed wait for the GIL ends on time;
+* ``streamrt``: ``Stream.launch_host_func(lambda: None)``.
+
+``--switch`` sets the interpreter's switch interval (and the runtime's
+``python_host_switch_interval``), the runtime's default (10 µs) unless given.
+
+It needs a C compiler (``$CC`` or ``cc``) for the native thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import streamrt as srt
+from streamrt._hostcall import DEFAULT_SWITCH_INTERVAL
+from streamrt._native import SEM_POST_ADDRESS, SEM_WAIT_ADDRESS, Semaphore, tighten_timer_slack
+
+_HELPER = r"""
+#include <pthread.h>
+#include <semaphore.h>
+#include <stdint.h>
+struct job { sem_t* ready; sem_t* done; volatile uint64_t* signal; volatile int stop; };
+static void* serve(void* arg) {
+    struct job* j = arg;
+    uint64_t ticket = 0;
+    for (;;) {
+        sem_wait(j->ready);
+        if (j->stop) return 0;
+        if (j->signal) __atomic_store_n(j->signal, ++ticket, __ATOMIC_RELEASE);
+        else sem_post(j->done);
+    }
+}
+int start_server(struct job* j) { pthread_t t; return pthread_create(&t, 0, serve, j); }
+"""
+
+
+class _Job(ctypes.Structure):
+    _fields_ = [("ready", ctypes.c_void_p), ("done", ctypes.c_void_p), ("signal", ctypes.c_void_p), ("stop", ctypes.c_int)]
+
+
+def _build_helper(directory: str) -> ctypes.CDLL:
+    src = Path(directory) / "hold_helper.c"
+    lib = Path(directory) / "hold_helper.so"
+    src.write_text(_HELPER)
+    subprocess.run([os.environ.get("CC", "cc"), "-O2", "-shared", "-fPIC", "-pthread", str(src), "-o", str(lib)], check=True)
+    return ctypes.CDLL(str(lib))
+
+
+def _busy(seconds: float) -> int:
+    x = 0
+    stop = time.perf_counter() + seconds
+    while time.perf_counter() < stop:
+        for i in range(200):
+            x += i * i
+    return x
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", default="cuda")
+    ap.add_argument("--n", type=int, default=60)
+    ap.add_argument("--switch", type=float, default=DEFAULT_SWITCH_INTERVAL, help="switch interval, s")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    sys.setswitchinterval(args.switch)
+    with tempfile.TemporaryDirectory() as tmp, srt.open_runtime(args.backend, python_host_switch_interval=args.switch) as rt:
+        helper = _build_helper(tmp)
+        b = rt.backend
+        if not rt.capabilities.supports_stream_signals:
+            raise SystemExit(f"{args.backend}: no stream signals on {rt.capabilities.device_name}")
+        s = rt.create_stream()
+        h = s.handle
+        # ready/done of the native servers, the Python server's ready, and one nobody waits on
+        sem_ready, ready2, sem_done, sem_py, sem_py_slack, sem_dummy = (Semaphore(0) for _ in range(6))
+        native_signal, python_signal, python_signal_slack = b.signal_alloc(), b.signal_alloc(), b.signal_alloc()
+        jobs = [_Job(sem_ready.address, None, native_signal, 0), _Job(ready2.address, sem_done.address, None, 0)]
+        for j in jobs:
+            assert helper.start_server(ctypes.byref(j)) == 0
+        tickets = {"native": 0, "python": 0, "python_slack": 0}
+
+        def python_server(ready: Semaphore, signal: int, slack: bool) -> None:
+            if slack:
+                tighten_timer_slack()
+            word = ctypes.c_uint64.from_address(signal)
+            ticket = 0
+            while True:
+                ready.wait()
+                ticket += 1
+                word.value = ticket
+
+        for server in ((sem_py, python_signal, False), (sem_py_slack, python_signal_slack, True)):
+            threading.Thread(target=python_server, args=server, daemon=True).start()
+
+        def native_noop() -> None:
+            b.launch_host_func(h, SEM_POST_ADDRESS, sem_dummy.address)
+
+        def native_sig() -> None:
+            tickets["native"] += 1
+            b.launch_host_func(h, SEM_POST_ADDRESS, sem_ready.address)
+            b.stream_wait_signal(h, native_signal, tickets["native"])
+
+        def native_semwait() -> None:
+            b.launch_host_func(h, SEM_POST_ADDRESS, ready2.address)
+            b.launch_host_func(h, SEM_WAIT_ADDRESS, sem_done.address)
+
+        def python_sig() -> None:
+            tickets["python"] += 1
+            b.launch_host_func(h, SEM_POST_ADDRESS, sem_py.address)
+            b.stream_wait_signal(h, python_signal, tickets["python"])
+
+        def python_sig_slack() -> None:
+            tickets["python_slack"] += 1
+            b.launch_host_func(h, SEM_POST_ADDRESS, sem_py_slack.address)
+            b.stream_wait_signal(h, python_signal_slack, tickets["python_slack"])
+
+        def streamrt_call() -> None:
+            s.launch_host_func(lambda: None)
+
+        variants: dict[str, Callable[[], None]] = {
+            "native no-op": native_noop,
+            "native signal": native_sig,
+            "native sem_wait": native_semwait,
+            "python signal": python_sig,
+            "python signal, slack 1us": python_sig_slack,
+            "streamrt": streamrt_call,
+        }
+        t0, t1 = rt.create_event(timing=True), rt.create_event(timing=True)
+        gate = Semaphore(0)
+        samples: dict[str, list[float]] = {f"{k} [{m}]": [] for m in ("idle", "busy") for k in variants}
+        for _ in range(args.n):
+            for mode in ("idle", "busy"):
+                for name, enqueue in variants.items():
+                    b.launch_host_func(h, SEM_WAIT_ADDRESS, gate.address)
+                    s.record(t0)
+                    enqueue()
+                    s.record(t1)
+                    gate.post()
+                    if mode == "busy":
+                        _busy(0.005)
+                    else:
+                        time.sleep(0.005)
+                    t1.synchronize()
+                    samples[f"{name} [{mode}]"].append(t0.elapsed_ms(t1) * 1000.0)
+            while sem_dummy.try_wait():  # the no-op's posts
+                pass
+        report = {k: {"median_us": round(statistics.median(v), 1), "p99_us": round(_pct(v, 0.99), 1)} for k, v in samples.items()}
+        report["backend"] = args.backend  # type: ignore[assignment]
+        report["switch_interval_s"] = args.switch  # type: ignore[assignment]
+        for k, v in report.items():
+            print(f"{k:32s} {v}")
+        if args.out:
+            args.out.write_text(json.dumps(report, indent=2))
+        s.synchronize()
+
+
+if __name__ == "__main__":
+    main()
