@@ -19,8 +19,9 @@ What it measures, side by side, interleaving variants and repeating rounds
   ``sem_post``), a Python function through streamrt (worker thread; switch
   interval lowered to the runtime's default, 10 µs, to 50 µs (the default
   before run 27), and left at 5 ms), and a Python function run on
-  the driver thread (ctypes callback). Median µs. The stream is *held* (a
-  native ``sem_wait`` host function) while the events and the host function
+  the driver thread (ctypes callback). Median µs. The stream is *held* (by a
+  signal wait on the device where the backend has stream signals; a native
+  ``sem_wait`` host function elsewhere) while the events and the host function
   are enqueued and let go just before the main thread gets busy, so the
   interval holds what the host function costs the stream and not the host's
   time to enqueue it (a few µs for a native function, tens of µs for a
@@ -190,24 +191,58 @@ def _busy(seconds: float) -> int:
     return x
 
 
+class _Gate:
+    """Holds a stream until opened: a signal wait on the device, else a native ``sem_wait`` host function.
+
+    Not a host function where it can be helped: a host function queued right
+    behind another one runs at once on the driver's callback thread, without
+    the GPU -> host notice that a host function normally waits for.
+    """
+
+    def __init__(self, rt: srt.Runtime) -> None:
+        self._backend = rt.backend
+        self._signal = rt.backend.signal_alloc() if rt.capabilities.supports_stream_signals else None
+        self._sem = Semaphore(0)
+        self._ticket = 0
+
+    def hold(self, s: srt.Stream) -> None:
+        if self._signal is None:
+            self._backend.launch_host_func(s.handle, SEM_WAIT_ADDRESS, self._sem.address)
+        else:
+            self._ticket += 1
+            self._backend.stream_wait_signal(s.handle, self._signal, self._ticket)
+
+    def open(self) -> None:
+        if self._signal is None:
+            self._sem.post()
+        else:
+            ctypes.c_uint64.from_address(self._signal).value = self._ticket
+
+    def close(self) -> None:
+        if self._signal is not None:
+            self._backend.signal_free(self._signal)
+        self._sem.destroy()
+
+
 def _stall(rt: srt.Runtime, s: srt.Stream, enqueue: Callable[[], None], rounds: int, held: bool) -> list[float]:
     t0, t1 = rt.create_event(timing=True), rt.create_event(timing=True)
-    gate = Semaphore(0)
+    gate = _Gate(rt)
     out = []
     for _ in range(rounds):
         if held:
-            rt.backend.launch_host_func(s.handle, SEM_WAIT_ADDRESS, gate.address)
+            gate.hold(s)
         s.record(t0)
         enqueue()
         s.record(t1)
         if held:
-            gate.post()
+            gate.open()
         _busy(0.03)  # the main thread is busy in Python while the host function is due
         t1.synchronize()
         out.append(t0.elapsed_ms(t1) * 1000.0)
     t0.close()
     t1.close()
-    gate.destroy()
+    s.synchronize()
+    gate.close()
     return out
 
 

@@ -7,8 +7,10 @@ A script, not a test. On a GPU backend with stream signals::
 Each row is the GPU time between two timing events around what holds the
 stream (median and p99 µs over ``n`` samples, rows interleaved), with the main
 thread either idle (asleep) or busy running Python. Everything is enqueued
-while the stream is held by a native ``sem_wait`` gate, opened just before
-the main thread sleeps or gets busy, so no row holds the host's enqueue time:
+while the stream is held by a signal wait on the device, let go just before
+the main thread sleeps or gets busy, so no row holds the host's enqueue time
+(a host function as the gate would not do: one queued right behind another
+runs at once, without the GPU -> host notice):
 
 * ``native no-op``: one host function, libc ``sem_post`` (a GPU -> host -> GPU round trip);
 * ``native signal``: ``sem_post(ready)`` host function + a signal wait; a *native*
@@ -162,16 +164,17 @@ def main() -> None:
             "streamrt": streamrt_call,
         }
         t0, t1 = rt.create_event(timing=True), rt.create_event(timing=True)
-        gate = Semaphore(0)
+        gate, gate_ticket = b.signal_alloc(), 0
         samples: dict[str, list[float]] = {f"{k} [{m}]": [] for m in ("idle", "busy") for k in variants}
         for _ in range(args.n):
             for mode in ("idle", "busy"):
                 for name, enqueue in variants.items():
-                    b.launch_host_func(h, SEM_WAIT_ADDRESS, gate.address)
+                    gate_ticket += 1
+                    b.stream_wait_signal(h, gate, gate_ticket)
                     s.record(t0)
                     enqueue()
                     s.record(t1)
-                    gate.post()
+                    ctypes.c_uint64.from_address(gate).value = gate_ticket
                     if mode == "busy":
                         _busy(0.005)
                     else:
