@@ -797,10 +797,9 @@ class CompletionEngine:
         self._lanes: dict[int, _Lane] = {}
         self._retiring: set[_Lane] = set()  # lanes of forgotten streams, still retiring their work
         self._channels: dict[int, HostChannel] = {}
-        self._signals: list[int] | None = None  # idle signals for new channels; None: channels use semaphores
         self._uses_signals = bool(stream_signals and backend.capabilities(device).supports_stream_signals)
-        if self._uses_signals:
-            self._signals = []
+        # idle signals for new channels; None: channels hold their stream with sem_wait(done)
+        self._signals: list[int] | None = [] if self._uses_signals else None
         self._slots: set[HostSlot] = set()
         self._pool: list[int] = []
         self._events_created = 0
@@ -1082,7 +1081,7 @@ class CompletionEngine:
             _log.debug("signal_free failed", exc_info=True)
 
     def _announce_host_work(self, fn: Callable[..., Any]) -> None:
-        """Before the ``sem_wait(done)`` of a Python host call: tell a simulator how long ``fn`` runs."""
+        """Before what holds the stream for a Python host call: tell a simulator how long ``fn`` runs."""
         if self._host_work is not None and self._expect_host_work is not None:
             self._expect_host_work(self._host_work.for_function(fn))
 

@@ -18,13 +18,15 @@ never takes the GIL. The stream is held until the worker has run ``fn``, so
 later work on the stream still waits for ``fn``, exactly as with a host
 function run by the driver itself.
 
-Why a signal. Each host function is a GPU -> host -> GPU round trip (about
-0.2 ms on the H200's VMs), and ``sem_wait(done)`` is a second one. With a
-signal the stream waits on the device for a 64-bit word the worker stores
-after ``fn`` (``cuStreamWaitValue64`` / ``hipStreamWaitValue64``, tickets
-counting up per stream): one round trip, and the driver's callback thread,
-which runs the host functions of every stream of the context one at a time,
-is not held while ``fn`` runs.
+Why a signal. With ``sem_wait(done)`` the driver's callback thread, which runs
+the host functions of every stream of the context one at a time, is blocked
+for as long as ``fn`` runs (and its worker waits for the GIL): host functions
+of other streams queue behind it. With a signal the stream waits on the device
+for a 64-bit word the worker stores after ``fn`` (``cuStreamWaitValue64`` /
+``hipStreamWaitValue64``, tickets counting up per stream), and the callback
+thread returns at once. On the H200 both holds cost about the same when no GIL
+is involved (154 and 158 µs with native threads, against 94 µs for one no-op
+host function; run 28 in docs/performance.md).
 
 Rules for ``fn`` (documented for users in the asyncio guide):
 
@@ -54,18 +56,19 @@ default): measured on the H200, a Python host function then stalls its stream
 call is in flight, the runtime lowers the interpreter-wide switch interval
 (:class:`SwitchIntervalGuard`, to :data:`DEFAULT_SWITCH_INTERVAL`, 10 µs) and
 restores the previous value when none is; the interval only matters while a
-thread waits for the GIL, so nothing switches more often when none does. The
-worker threads also set their timer slack to 1 µs
-(:func:`~streamrt._native.tighten_timer_slack`): their timed wait for the GIL
-would otherwise end up to 50 µs late. This is a global interpreter setting that
-streamrt touches; pass ``python_host_switch_interval=None`` to the runtime to
-leave it alone. A value the user sets meanwhile is never overwritten.
+thread waits for the GIL, so nothing switches more often when none does. This
+is a global interpreter setting that streamrt touches; pass
+``python_host_switch_interval=None`` to the runtime to leave it alone. A value
+the user sets meanwhile is never overwritten. The worker (and lane) threads
+also set their own timer slack to 1 µs
+(:func:`~streamrt._native.tighten_timer_slack`): Linux would otherwise let
+their timed wait for the GIL end up to 50 µs late.
 
 Simulated time. On the simulator (a backend with ``expect_host_work``) the
 worker also times each run of ``fn`` into a :class:`HostWorkEstimate` per
 function, and the signal wait (or ``sem_wait(done)`` host function) is
-announced to the simulator with it, so the simulated stream is held for about as long as the
-function really takes (a GPU stream simply waits for it).
+announced to the simulator with it, so the simulated stream is held for about
+as long as the function really takes (a GPU stream simply waits for it).
 
 Graph capture. A captured host node must re-run the Python function on every
 replay, so it cannot use the per-stream FIFO of eager calls (a replay does not
