@@ -757,10 +757,11 @@ class CompletionEngine:
             lower ``sys.setswitchinterval`` to this many seconds (default
             10 µs) so its worker gets the GIL promptly; ``None`` never touches
             the interpreter setting. See :mod:`streamrt._hostcall`.
-        stream_signals: hold a stream for a Python host call with a
+        stream_signals: ``True`` holds a stream for a Python host call with a
             device-side wait on a signal (one host function per call) where the
-            backend supports it; ``False``: with a second host function,
-            ``sem_wait(done)``, everywhere. See :mod:`streamrt._hostcall`.
+            backend supports it; by default a second host function,
+            ``sem_wait(done)``, holds it. See :mod:`streamrt._hostcall` for
+            why the signal hold is opt-in (a deadlock it can cause).
         max_pooled_events: idle events kept for reuse; more are destroyed.
         exit_timeout: how long the ``atexit`` hook waits for in-flight work
             before giving up on it (default ``$STREAMRT_EXIT_TIMEOUT`` or 5 s).
@@ -776,7 +777,7 @@ class CompletionEngine:
         device: int,
         *,
         python_host_switch_interval: float | None = DEFAULT_SWITCH_INTERVAL,
-        stream_signals: bool = True,
+        stream_signals: bool = False,
         max_pooled_events: int = 1024,
         exit_timeout: float | None = None,
         watchdog_interval: float | None = 0.5,

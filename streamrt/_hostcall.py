@@ -1,32 +1,36 @@
 """Python host functions in stream order, run on runtime worker threads.
 
-How one Python host call runs (see :meth:`CompletionEngine.host_call`) on a
-backend with stream signals (``Capabilities.supports_stream_signals``)::
-
-    stream:  ... | sem_post(ready) | wait signal >= t | guard event | ...later work...
-                       |                    ^                 |
-    worker:   sem_wait(ready) -> pop head -> fn(*args) -> store outcome -> signal = t
-    lane:                                                     +-> resolve the Completion
-
-and elsewhere (or with ``stream_signals=False``)::
+How one Python host call runs (see :meth:`CompletionEngine.host_call`)::
 
     stream:  ... | sem_post(ready) | sem_wait(done) | guard event | ...later work...
+                       |                  ^                  |
     worker:   sem_wait(ready) -> pop head -> fn(*args) -> store outcome -> sem_post(done)
+    lane:                                                    +-> resolve the Completion
 
 The driver (or simulator) callback thread only ever runs libc functions; it
 never takes the GIL. The stream is held until the worker has run ``fn``, so
 later work on the stream still waits for ``fn``, exactly as with a host
 function run by the driver itself.
 
-Why a signal. With ``sem_wait(done)`` the driver's callback thread, which runs
-the host functions of every stream of the context one at a time, is blocked
-for as long as ``fn`` runs (and its worker waits for the GIL): host functions
-of other streams queue behind it. With a signal the stream waits on the device
-for a 64-bit word the worker stores after ``fn`` (``cuStreamWaitValue64`` /
-``hipStreamWaitValue64``, tickets counting up per stream), and the callback
-thread returns at once. On the H200 both holds cost about the same when no GIL
-is involved (154 and 158 µs with native threads, against 94 µs for one no-op
-host function; run 28 in docs/performance.md).
+Signal holds (opt-in: ``stream_signals=True``, on a backend with
+``Capabilities.supports_stream_signals``). The second host function is
+replaced by a wait on the device for a 64-bit word the worker stores after
+``fn`` (``cuStreamWaitValue64`` / ``hipStreamWaitValue64``, tickets counting up
+per stream)::
+
+    stream:  ... | sem_post(ready) | wait signal >= t | guard event | ...later work...
+    worker:   sem_wait(ready) -> pop head -> fn(*args) -> store outcome -> signal = t
+
+The driver's callback thread, which runs the host functions of every stream
+of the context one at a time, then returns at once instead of being blocked
+for as long as ``fn`` runs. It is not the default because a wait on memory is
+invisible to the driver's scheduler: a stream that shares a hardware queue
+with the waiting one can be held behind the wait (the CUDA documentation
+warns of exactly this), so a thread that blocks on such a stream while
+holding the GIL (torch's ``.item()`` does) would deadlock with the worker
+that needs the GIL to let the wait go. On the H200 both holds cost about the
+same without the GIL (154 and 158 µs with native threads, against 94 µs for
+one no-op host function; docs/performance.md, run 28).
 
 Rules for ``fn`` (documented for users in the asyncio guide):
 
@@ -74,8 +78,8 @@ Graph capture. A captured host node must re-run the Python function on every
 replay, so it cannot use the per-stream FIFO of eager calls (a replay does not
 go through :meth:`~CompletionEngine.host_call`). :class:`HostSlot` is one
 captured Python host node: its own two semaphores, function, arguments and
-worker, owned by the Graph and alive as long as it. Slots hold their stream
-with ``sem_wait(done)``: a captured signal wait would need a fixed value.
+worker, owned by the Graph and alive as long as it. Slots always hold their
+stream with ``sem_wait(done)``: a captured signal wait would need a fixed value.
 """
 
 from __future__ import annotations

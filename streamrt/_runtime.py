@@ -44,7 +44,7 @@ def open_runtime(
     host_allocator: str | AllocatorFactory | Allocator = "caching",
     device_allocator: str | AllocatorFactory | Allocator = "caching",
     python_host_switch_interval: float | None = DEFAULT_SWITCH_INTERVAL,
-    stream_signals: bool = True,
+    stream_signals: bool = False,
     trace: bool | None = None,
     **backend_options: Any,
 ) -> Runtime:
@@ -57,9 +57,10 @@ def open_runtime(
     ``(runtime, kind) -> Allocator``. Extra keyword options go to the backend
     (for the simulator: ``profile=``, ``devices=``, ``check_hazards=``).
     ``trace=True`` traces every op from the start (see ``rt.trace()`` for a region).
-    ``stream_signals=False`` holds a stream for a Python host function with a
-    second host function instead of a device-side signal wait (see
-    ``docs/asyncio.md``, "How a Python host function holds its stream").
+    ``stream_signals=True`` holds a stream for a Python host function with a
+    device-side signal wait instead of a second host function, where the
+    backend supports it; read ``docs/asyncio.md`` ("How a Python host function
+    holds its stream") first: it can deadlock with GIL-holding synchronizing calls.
 
     One runtime per device: ``open_runtime("cuda", device=1)`` next to a runtime
     on device 0 shares its backend object, so streams of the two wait on each
@@ -148,7 +149,7 @@ class Runtime:
         host_allocator: str | AllocatorFactory | Allocator = "caching",
         device_allocator: str | AllocatorFactory | Allocator = "caching",
         python_host_switch_interval: float | None = DEFAULT_SWITCH_INTERVAL,
-        stream_signals: bool = True,
+        stream_signals: bool = False,
         lease: BackendLease | None = None,
     ) -> None:
         self._backend = backend

@@ -16,7 +16,9 @@ What it measures, side by side, interleaving variants and repeating rounds
 * ``sustained completions/s``: 64 tasks awaiting ``wait_idle()`` on 8 streams.
 * ``host-function stall``: GPU time between two timing events around one host
   function while the main thread is busy in Python: a native no-op (libc
-  ``sem_post``), a Python function through streamrt (worker thread; switch
+  ``sem_post``), a Python function through streamrt (worker thread, the
+  stream held by ``sem_wait(done)``, and with ``stream_signals=True`` by a
+  signal wait where the backend has them; switch
   interval lowered to the runtime's default, 10 µs, to 50 µs (the default
   before run 27), and left at 5 ms), and a Python function run on
   the driver thread (ctypes callback). Median µs. The stream is *held* (by a
@@ -257,13 +259,23 @@ def _stall_variants(backend: str, rounds: int) -> dict[str, dict[str, float]]:
         ("switch 5ms (not lowered)", None),
     )
     for label, interval in intervals:
-        with srt.open_runtime(backend, python_host_switch_interval=interval) as rt:
+        with (
+            srt.open_runtime(backend, python_host_switch_interval=interval) as rt,
+            srt.open_runtime(backend, python_host_switch_interval=interval, stream_signals=True) as rt_signal,
+        ):
             sys.setswitchinterval(0.005)
             s = rt.create_stream()
             variants: dict[str, Callable[[], None]] = {
                 "native no-op (sem_post)": lambda s=s: s.launch_host_func(sem_post, sem.address),
                 "python fn on worker (streamrt)": lambda s=s: s.launch_host_func(lambda: None),
             }
+            # opt-in: the stream is held by a signal wait. The two runtimes share the backend on a GPU
+            # (one per device), so they can share the stream; two simulators cannot.
+            if rt_signal._engine.stream_signals and rt_signal.backend is rt.backend:
+                s_signal = rt_signal.wrap_stream(s.handle)  # the same stream, its host calls held by a signal
+                variants["python fn on worker (streamrt, signal hold)"] = lambda s=s_signal: s.launch_host_func(
+                    lambda: None
+                )
             if interval is None:
                 variants["python fn on driver thread"] = lambda s=s: s.launch_host_func(py_driver)
             samples: dict[str, list[float]] = {}

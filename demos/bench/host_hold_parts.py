@@ -22,7 +22,8 @@ runs at once, without the GPU -> host notice):
   Python (ctypes ``sem_wait``, then a ctypes store): adds the GIL;
 * ``python signal, slack 1us``: the same with the thread's timer slack at 1 µs
   (as streamrt's workers set it), so its timed wait for the GIL ends on time;
-* ``streamrt``: ``Stream.launch_host_func(lambda: None)``.
+* ``streamrt``: ``Stream.launch_host_func(lambda: None)`` (held by ``sem_wait(done)``,
+  the default), and ``streamrt, signal hold`` with ``stream_signals=True``.
 
 ``--switch`` sets the interpreter's switch interval (and the runtime's
 ``python_host_switch_interval``), the runtime's default (10 µs) unless given.
@@ -102,7 +103,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     sys.setswitchinterval(args.switch)
-    with tempfile.TemporaryDirectory() as tmp, srt.open_runtime(args.backend, python_host_switch_interval=args.switch) as rt:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        srt.open_runtime(args.backend, python_host_switch_interval=args.switch) as rt,
+        srt.open_runtime(args.backend, python_host_switch_interval=args.switch, stream_signals=True) as rt_signal,
+    ):
         helper = _build_helper(tmp)
         b = rt.backend
         if not rt.capabilities.supports_stream_signals:
@@ -155,6 +160,9 @@ def main() -> None:
         def streamrt_call() -> None:
             s.launch_host_func(lambda: None)
 
+        def streamrt_signal_call() -> None:
+            s_signal.launch_host_func(lambda: None)
+
         variants: dict[str, Callable[[], None]] = {
             "native no-op": native_noop,
             "native signal": native_sig,
@@ -163,6 +171,9 @@ def main() -> None:
             "python signal, slack 1us": python_sig_slack,
             "streamrt": streamrt_call,
         }
+        if rt_signal.backend is b:  # GPU backends: one per device, so the stream can be shared
+            s_signal = rt_signal.wrap_stream(h)  # the same stream, its host calls held by a signal
+            variants["streamrt, signal hold"] = streamrt_signal_call
         t0, t1 = rt.create_event(timing=True), rt.create_event(timing=True)
         gate, gate_ticket = b.signal_alloc(), 0
         samples: dict[str, list[float]] = {f"{k} [{m}]": [] for m in ("idle", "busy") for k in variants}
