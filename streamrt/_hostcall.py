@@ -30,7 +30,7 @@ warns of exactly this), so a thread that blocks on such a stream while
 holding the GIL (torch's ``.item()`` does) would deadlock with the worker
 that needs the GIL to let the wait go. On the H200 both holds cost about the
 same without the GIL (154 and 158 µs with native threads, against 94 µs for
-one no-op host function; docs/performance.md, run 28).
+one no-op host function; docs/performance.md, run 32).
 
 Rules for ``fn`` (documented for users in the asyncio guide):
 
