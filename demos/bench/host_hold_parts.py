@@ -46,6 +46,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from completion_bench import _busy, _pct  # the stall rows' busy loop and percentile
+
 import streamrt as srt
 from streamrt._hostcall import DEFAULT_SWITCH_INTERVAL
 from streamrt._native import SEM_POST_ADDRESS, SEM_WAIT_ADDRESS, Semaphore, tighten_timer_slack
@@ -79,20 +81,6 @@ def _build_helper(directory: str) -> ctypes.CDLL:
     src.write_text(_HELPER)
     subprocess.run([os.environ.get("CC", "cc"), "-O2", "-shared", "-fPIC", "-pthread", str(src), "-o", str(lib)], check=True)
     return ctypes.CDLL(str(lib))
-
-
-def _busy(seconds: float) -> int:
-    x = 0
-    stop = time.perf_counter() + seconds
-    while time.perf_counter() < stop:
-        for i in range(200):
-            x += i * i
-    return x
-
-
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 def main() -> None:
@@ -138,24 +126,19 @@ def main() -> None:
         def native_noop() -> None:
             b.launch_host_func(h, SEM_POST_ADDRESS, sem_dummy.address)
 
-        def native_sig() -> None:
-            tickets["native"] += 1
-            b.launch_host_func(h, SEM_POST_ADDRESS, sem_ready.address)
-            b.stream_wait_signal(h, native_signal, tickets["native"])
+        def signal_hold(ready: Semaphore, signal: int, key: str) -> Callable[[], None]:
+            """``sem_post(ready)`` + a wait for the next ticket on ``signal`` (its server stores it)."""
+
+            def enqueue() -> None:
+                tickets[key] += 1
+                b.launch_host_func(h, SEM_POST_ADDRESS, ready.address)
+                b.stream_wait_signal(h, signal, tickets[key])
+
+            return enqueue
 
         def native_semwait() -> None:
             b.launch_host_func(h, SEM_POST_ADDRESS, ready2.address)
             b.launch_host_func(h, SEM_WAIT_ADDRESS, sem_done.address)
-
-        def python_sig() -> None:
-            tickets["python"] += 1
-            b.launch_host_func(h, SEM_POST_ADDRESS, sem_py.address)
-            b.stream_wait_signal(h, python_signal, tickets["python"])
-
-        def python_sig_slack() -> None:
-            tickets["python_slack"] += 1
-            b.launch_host_func(h, SEM_POST_ADDRESS, sem_py_slack.address)
-            b.stream_wait_signal(h, python_signal_slack, tickets["python_slack"])
 
         def streamrt_call() -> None:
             s.launch_host_func(lambda: None)
@@ -165,10 +148,10 @@ def main() -> None:
 
         variants: dict[str, Callable[[], None]] = {
             "native no-op": native_noop,
-            "native signal": native_sig,
+            "native signal": signal_hold(sem_ready, native_signal, "native"),
             "native sem_wait": native_semwait,
-            "python signal": python_sig,
-            "python signal, slack 1us": python_sig_slack,
+            "python signal": signal_hold(sem_py, python_signal, "python"),
+            "python signal, slack 1us": signal_hold(sem_py_slack, python_signal_slack, "python_slack"),
             "streamrt": streamrt_call,
         }
         if rt_signal.backend is b:  # GPU backends: one per device, so the stream can be shared

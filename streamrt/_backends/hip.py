@@ -683,13 +683,7 @@ class HipBackend:
 
     def stream_wait_signal(self, stream: int, signal: int, value: int) -> None:
         """``hipStreamWaitValue64(stream, signal, value, hipStreamWaitValueGte, ~0)``."""
-        st = self._streams.get(stream)
-        if st is None:
-            st = self._remember(self._streams, self._new_stream, stream)
-        ptr = self._pointers.get(signal)
-        if ptr is None:
-            ptr = self._remember(self._pointers, self._new_pointer, signal)
-        err = self._hipStreamWaitValue64(st, ptr, value, _WAIT_VALUE_GTE, _ALL_BITS)[0]
+        err = self._hipStreamWaitValue64(self._stream(stream), self._pointer(signal), value, _WAIT_VALUE_GTE, _ALL_BITS)[0]
         if err:
             _check(err, "hipStreamWaitValue64")
 

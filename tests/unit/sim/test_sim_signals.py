@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Iterator
 
 import pytest
 
@@ -11,33 +12,40 @@ from streamrt._backends.sim import SimBackend
 from streamrt._errors import BackendError
 
 
-def test_stream_wait_signal_refuses_what_is_not_a_signal(sb: SimBackend) -> None:
+@pytest.fixture
+def stream_and_signal(sb: SimBackend) -> Iterator[tuple[int, int]]:
     s = sb.stream_create()
+    sig = sb.signal_alloc()
+    try:
+        yield s, sig
+    finally:
+        ctypes.c_uint64.from_address(sig).value = (1 << 64) - 1  # lets any wait left behind go
+        sb.stream_synchronize(s)
+        sb.signal_free(sig)
+        sb.stream_destroy(s)
+
+
+def test_stream_wait_signal_refuses_what_is_not_a_signal(sb: SimBackend, stream_and_signal: tuple[int, int]) -> None:
+    s, sig = stream_and_signal
     dev = sb.malloc(64)
     host = sb.host_malloc(64)
     for bad in (dev, host + 4, 0x1234):
         with pytest.raises(BackendError, match="not a signal"):
             sb.stream_wait_signal(s, bad, 1)
-    sig = sb.signal_alloc()
     with pytest.raises(BackendError, match="64 bits"):
         sb.stream_wait_signal(s, sig, 1 << 64)
     assert sb.stream_query(s)  # nothing was enqueued
-    sb.signal_free(sig)
     sb.free(dev)
     sb.host_free(host)
-    sb.stream_destroy(s)
 
 
-def test_a_signal_wait_cannot_be_captured_and_invalidates_the_capture(sb: SimBackend) -> None:
-    s = sb.stream_create()
-    sig = sb.signal_alloc()
+def test_a_signal_wait_cannot_be_captured_and_invalidates_the_capture(sb: SimBackend, stream_and_signal: tuple[int, int]) -> None:
+    s, sig = stream_and_signal
     sb.stream_begin_capture(s, CaptureMode.THREAD_LOCAL)
     with pytest.raises(BackendError, match="cannot be captured"):
         sb.stream_wait_signal(s, sig, 1)
     with pytest.raises(Exception, match="invalidated"):
         sb.stream_end_capture(s)
-    sb.signal_free(sig)
-    sb.stream_destroy(s)
 
 
 def test_signal_free_refuses_a_signal_a_stream_still_waits_on(sb: SimBackend) -> None:
@@ -48,17 +56,14 @@ def test_signal_free_refuses_a_signal_a_stream_still_waits_on(sb: SimBackend) ->
         sb.signal_free(sig)
     ctypes.c_uint64.from_address(sig).value = 1
     sb.stream_synchronize(s)
-    sb.signal_free(sig)
+    sb.signal_free(sig)  # reached: freed
     sb.stream_destroy(s)
 
 
-def test_a_signal_wait_takes_no_virtual_time_of_its_own(sb: SimBackend) -> None:
-    s = sb.stream_create()
-    sig = sb.signal_alloc()
+def test_a_signal_wait_takes_no_virtual_time_of_its_own(sb: SimBackend, stream_and_signal: tuple[int, int]) -> None:
+    s, sig = stream_and_signal
     ctypes.c_uint64.from_address(sig).value = 1
     sb.stream_wait_signal(s, sig, 1)
     sb.stream_synchronize(s)
     (rec,) = [r for r in sb.op_log() if r.kind == "wait_signal"]
     assert rec.duration_us == 0.0 and rec.stream == s
-    sb.signal_free(sig)
-    sb.stream_destroy(s)
