@@ -38,7 +38,7 @@ Behaviour, in the protocol's terms:
   ``stream_wait_signal`` is a ``wait_signal`` op that holds back its stream
   (only it) until the host has stored a value ``>=`` the one named, seen by
   the device's signal watcher (``_device``). ``signal_free`` refuses a signal
-  that a stream may still wait on; capture refuses the wait.
+  a stream waits on for a value not stored yet; capture refuses the wait.
 * **Capture and graphs** (``_graph``), **kernel twins** (``_kernels``) and
   **hazard checking** (``_hazards``): see those modules.
 
@@ -77,6 +77,7 @@ from ._core import (
     StreamState,
     check_count,
 )
+from ._device import signal_reached
 from ._graphcalls import GraphCalls
 from ._hazards import READ, WRITE, Hazard, merge
 from ._kernelcalls import KernelCalls
@@ -471,16 +472,20 @@ class SimBackend(MemoryCalls, GraphCalls, KernelCalls):
         return signal
 
     def signal_free(self, signal: int) -> None:
-        """Free a signal; refused (``INVALID_VALUE``) while a stream may still wait on it."""
+        """Free a signal after the device's work, as ``host_free`` does.
+
+        Refused (``INVALID_VALUE``, nothing freed) while a stream waits on it
+        for a value not stored yet: on a GPU that free would never return.
+        """
         call = "signal_free"
         self._enter(call)
         sig = check_count(signal, "signal", call)
         with self._lock:
-            waits = self._signal_waits.pop(sig, None)
-            pending = [op for op in waits or () if not op.done]
-            if pending:
-                self._signal_waits[sig] = pending
-                fail(C.INVALID_VALUE, f"signal {sig:#x} is still waited on by {pending[0]!r}", call)
+            waits = [op for op in self._signal_waits.get(sig, ()) if not op.done]
+            unreached = [op for op in waits if not signal_reached(op)]
+            if unreached:
+                fail(C.INVALID_VALUE, f"signal {sig:#x} is still waited on by {unreached[0]!r}", call)
+            self._signal_waits.pop(sig, None)
         self.host_free(sig)
 
     def stream_wait_signal(self, stream: int, signal: int, value: int) -> None:

@@ -41,13 +41,14 @@ from typing import Any
 
 from ._ops import Op
 
-__all__ = ["Scheduler", "Executor"]
+__all__ = ["Scheduler", "Executor", "signal_reached"]
 
 _SIGNAL_POLL_MIN_S = 20e-6
 _SIGNAL_POLL_MAX_S = 1e-3
 
 
-def _signal_reached(op: Op) -> bool:
+def signal_reached(op: Op) -> bool:
+    """A ``wait_signal`` op's word holds at least its value (read now, no lock needed)."""
     assert op.signal is not None
     address, value = op.signal
     return ctypes.c_uint64.from_address(address).value >= value
@@ -154,7 +155,7 @@ class Executor:
         delay = _SIGNAL_POLL_MIN_S
         with sched.lock:
             while not sched.abandoned:
-                reached = [op for op in waits if _signal_reached(op)]
+                reached = [op for op in waits if signal_reached(op)]
                 for op in reached:
                     waits.remove(op)
                     sched.complete(op)
