@@ -414,6 +414,10 @@ def _stream_wait_value64(libcuda: ctypes.CDLL) -> Any:
     return prototype(address.value) if address.value else None
 
 
+def _not_a_signal(address: int, call: str) -> BackendError:
+    return BackendError("cuda", 1, "cudaErrorInvalidValue", f"{address:#x} is not a signal of this backend (use signal_alloc)", call)
+
+
 class CudaBackend:
     """The :class:`~streamrt._backends.protocol.Backend` primitives on CUDA.
 
@@ -811,7 +815,7 @@ class CudaBackend:
     def signal_free(self, signal: int) -> None:
         """``cudaFreeHost`` (which waits for the device, as every free does)."""
         if signal not in self._signals:
-            raise ValueError(f"{signal:#x} is not a signal of this backend")
+            raise _not_a_signal(signal, "signal_free")
         (err,) = self._rt.cudaFreeHost(signal)
         _check(err, "cudaFreeHost")
         del self._signals[signal]
@@ -820,10 +824,10 @@ class CudaBackend:
         """``cuStreamWaitValue64(stream, signal, value, CU_STREAM_WAIT_VALUE_GEQ)`` through ctypes."""
         device_ptr = self._signals.get(signal)
         if device_ptr is None:
-            raise ValueError(f"{signal:#x} is not a signal of this backend (use signal_alloc)")
+            raise _not_a_signal(signal, "cuStreamWaitValue64")
         wait = self._cuStreamWaitValue64
         if wait is None:
-            raise BackendError("cuda", 801, "cudaErrorNotSupported", "this driver has no cuStreamWaitValue64")
+            raise BackendError("cuda", 801, "cudaErrorNotSupported", "this driver has no cuStreamWaitValue64", "cuStreamWaitValue64")
         code = wait(stream, device_ptr, value, _CU_STREAM_WAIT_VALUE_GEQ)
         if code:
             if code == _CUDA_ERROR_INVALID_CONTEXT:  # a thread that never touched cudart
