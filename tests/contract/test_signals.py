@@ -1,7 +1,8 @@
 """Stream signals on every backend: a stream waits, on the device, for a 64-bit word the host stores.
 
-This is what holds a stream while a Python host function runs on a runtime
-worker (``streamrt._hostcall``); here the backend primitive itself is checked.
+With ``stream_signals=True`` this is what holds a stream while a Python host
+function runs on a runtime worker (``streamrt._hostcall``); here the backend
+primitive itself is checked, and a host call under either hold.
 """
 
 from __future__ import annotations
