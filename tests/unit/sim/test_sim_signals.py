@@ -67,3 +67,28 @@ def test_a_signal_wait_takes_no_virtual_time_of_its_own(sb: SimBackend, stream_a
     sb.stream_synchronize(s)
     (rec,) = [r for r in sb.op_log() if r.kind == "wait_signal"]
     assert rec.duration_us == 0.0 and rec.stream == s
+
+
+def _wake_ups(native_id: int) -> int:
+    """The thread's voluntary context switches so far: one per sleep it woke from."""
+    with open(f"/proc/self/task/{native_id}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
+
+
+def test_the_signal_watcher_sleeps_once_no_wait_is_pending(sb: SimBackend, stream_and_signal: tuple[int, int]) -> None:
+    import os
+    import threading
+    import time
+
+    s, sig = stream_and_signal
+    sb.stream_wait_signal(s, sig, 1)
+    ctypes.c_uint64.from_address(sig).value = 1
+    sb.stream_synchronize(s)
+    (watcher,) = [t for t in threading.enumerate() if t.name.startswith("streamrt-sim-signal-")]
+    assert watcher.native_id is not None
+    if not os.path.exists(f"/proc/self/task/{watcher.native_id}/status"):
+        pytest.skip("no /proc/self/task here")
+    time.sleep(0.05)  # let it reach its untimed wait
+    before = _wake_ups(watcher.native_id)
+    time.sleep(0.5)
+    assert _wake_ups(watcher.native_id) - before <= 1  # asleep: polling at even 1 ms would wake 500 times
