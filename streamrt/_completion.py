@@ -1066,20 +1066,15 @@ class CompletionEngine:
         return self._backend.signal_alloc()
 
     def _return_signal(self, signal: int, *, reusable: bool) -> None:
-        """A stopped channel's signal: kept for the next channel, or leaked if a stream may still wait on it."""
-        if not reusable:
-            return  # leaked: a failed stream may still reach a wait on it
-        with self._lock:
-            if self._signals is not None and not self._closed:
-                self._signals.append(signal)
-                return
-        self._free_signal(signal)
+        """A stopped channel's signal: kept for the next channel, else leaked.
 
-    def _free_signal(self, signal: int) -> None:
-        try:
-            self._backend.signal_free(signal)
-        except Exception:  # noqa: BLE001 - a failed context; the memory is gone with it
-            _log.debug("signal_free failed", exc_info=True)
+        Leaked when a failed stream may still reach a wait on it, and when the
+        engine has already freed its pool (a lane that outlived a forced
+        close): a real free never runs on a lane thread.
+        """
+        with self._lock:
+            if reusable and self._signals is not None:
+                self._signals.append(signal)
 
     def _announce_host_work(self, fn: Callable[..., Any]) -> None:
         """Before what holds the stream for a Python host call: tell a simulator how long ``fn`` runs."""
@@ -1232,7 +1227,10 @@ class CompletionEngine:
         with self._lock:
             signals, self._signals = self._signals or [], None
         for signal in signals:
-            self._free_signal(signal)
+            try:
+                self._backend.signal_free(signal)
+            except Exception:  # noqa: BLE001 - a failed context; the memory is gone with it
+                _log.debug("signal_free failed while closing", exc_info=True)
         pool, self._pool = self._pool, []
         for event in pool:
             try:

@@ -21,8 +21,8 @@ from ._backends.protocol import Backend, Capabilities, priority_clamp
 from ._buffer import DEVICE, HOST, Buffer, wrap_foreign
 from ._completion import CompletionEngine
 from ._errors import ClosedError
-from ._hostcall import DEFAULT_SWITCH_INTERVAL
 from ._event import Event
+from ._hostcall import DEFAULT_SWITCH_INTERVAL
 from ._releaser import Releaser
 from ._stream import Stream
 from ._trace import Trace, TraceRegion, attach_on_open, finish_on_close, stop_trace, trace_region

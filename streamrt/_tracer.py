@@ -639,9 +639,10 @@ class Tracer:
             running = max(running, max(r.seq for r in mine))
             f["_key"] = (first, 0, 0)
             graph_nodes = [r for r in mine if r.graph_exec and r.node >= 0]
-            body = [r for r in mine if r.kind in _SIM_WORK] or [r for r in mine if r.kind == "wait_event"] or mine
-            if p.kind == "host_python":  # its sem_post and what holds the stream: a signal wait or sem_wait
+            if p.kind == "host_python":  # its sem_post and what holds the stream: sem_wait or a signal wait
                 body = [r for r in mine if r.kind in _SIM_WORK or r.kind == "wait_signal"]
+            else:
+                body = [r for r in mine if r.kind in _SIM_WORK] or [r for r in mine if r.kind == "wait_event"] or mine
             f["device_start_us"] = min(r.start_us for r in body)
             f["device_end_us"] = max(r.end_us for r in body)
             if p.kind == "host_python":

@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from completion_bench import _busy, _pct  # the stall rows' busy loop and percentile
+from completion_bench import _busy, _Gate, _pct  # the stall rows' busy loop, gate and percentile
 
 import streamrt as srt
 from streamrt._hostcall import DEFAULT_SWITCH_INTERVAL
@@ -158,17 +158,16 @@ def main() -> None:
             s_signal = rt_signal.wrap_stream(h)  # the same stream, its host calls held by a signal
             variants["streamrt, signal hold"] = streamrt_signal_call
         t0, t1 = rt.create_event(timing=True), rt.create_event(timing=True)
-        gate, gate_ticket = b.signal_alloc(), 0
+        gate = _Gate(rt)  # a signal wait: this script requires stream signals
         samples: dict[str, list[float]] = {f"{k} [{m}]": [] for m in ("idle", "busy") for k in variants}
         for _ in range(args.n):
             for mode in ("idle", "busy"):
                 for name, enqueue in variants.items():
-                    gate_ticket += 1
-                    b.stream_wait_signal(h, gate, gate_ticket)
+                    gate.hold(s)
                     s.record(t0)
                     enqueue()
                     s.record(t1)
-                    ctypes.c_uint64.from_address(gate).value = gate_ticket
+                    gate.open()
                     if mode == "busy":
                         _busy(0.005)
                     else:
@@ -185,6 +184,7 @@ def main() -> None:
         if args.out:
             args.out.write_text(json.dumps(report, indent=2))
         s.synchronize()
+        gate.close()
 
 
 if __name__ == "__main__":

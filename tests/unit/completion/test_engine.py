@@ -703,3 +703,13 @@ def test_close_frees_the_signals(harness: Harness) -> None:
     assert harness.backend.pointer_kind(signal) is PointerKind.HOST
     engine.close()
     assert harness.backend.pointer_kind(signal) is PointerKind.PAGEABLE  # freed
+
+
+def test_a_signal_returned_after_close_is_leaked_not_freed_on_the_returning_thread(harness: Harness) -> None:
+    """A lane that outlives a forced close returns its channel's signal late: no real free on a lane."""
+    engine = harness.engine(stream_signals=True)
+    late = harness.backend.signal_alloc()
+    engine.close()
+    engine._return_signal(late, reusable=True)
+    assert harness.backend.pointer_kind(late) is PointerKind.HOST  # still allocated
+    harness.backend.signal_free(late)
