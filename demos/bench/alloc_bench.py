@@ -8,6 +8,11 @@ Measures, interleaving the contenders round by round and taking medians:
 * cached device round trip: streamrt ``rt.device_allocator`` (with and
   without ``stream=``) vs ``torch.empty(n, dtype=uint8, device="cuda")`` + del
   (and CuPy ``cupy.cuda.alloc(n)`` + del);
+* a reference row, ``python floor``: the least Python an allocator that hands
+  out an object can run per round trip (a method that pops a cached pointer
+  into a new ``__slots__`` object, and that object's ``release`` method that
+  appends it back; no validation, no statistics). Any Python allocator with
+  streamrt's API costs at least this much;
 * held / requested bytes on a mixed workload of 60 live requests of 1-48 MiB
   (random sizes, fixed seed), pinned and device: streamrt ``statistics()``;
   torch ``torch.cuda.host_memory_stats()`` / ``memory_reserved()``; CuPy a
@@ -97,13 +102,44 @@ def _cupy(rt: srt.Runtime) -> Any | None:
 # -- round trips ---------------------------------------------------------------------------------------
 
 
+class _FloorBlock:
+    """The ``python floor`` row's handle: what a Buffer must at least be (no checks, no statistics)."""
+
+    __slots__ = ("_nbytes", "_pool", "_ptr", "_released")
+
+    def __init__(self, ptr: int, nbytes: int, pool: _FloorPool) -> None:
+        self._ptr = ptr
+        self._nbytes = nbytes
+        self._pool = pool
+        self._released = False
+
+    def release(self) -> None:
+        self._released = True
+        self._pool._free.append(self._ptr)
+
+
+class _FloorPool:
+    """The ``python floor`` row's allocator: one free list of cached pointers."""
+
+    def __init__(self, ptrs: list[int]) -> None:
+        self._free = ptrs
+
+    def allocate(self, nbytes: int) -> _FloorBlock:
+        return _FloorBlock(self._free.pop(), nbytes, self)
+
+
+
 def round_trips(rt: srt.Runtime, nbytes: int, loops: int, rounds: int) -> dict[str, dict[str, float]]:
     torch, cupy = _torch(rt), _cupy(rt)
     host, dev = rt.host_allocator, rt.device_allocator
     stream = rt.create_stream()
     halloc, dalloc = host.allocate, dev.allocate
 
-    pinned: dict[str, Callable[[], Any]] = {"streamrt": lambda: halloc(nbytes).release()}
+    floor = _FloorPool([0x1000, 0x2000]).allocate
+    pinned: dict[str, Callable[[], Any]] = {
+        "streamrt": lambda: halloc(nbytes).release(),
+        "python floor": lambda: floor(nbytes).release(),
+    }
     device: dict[str, Callable[[], Any]] = {
         "streamrt": lambda: dalloc(nbytes).release(),
         "streamrt stream=": lambda: dalloc(nbytes, stream=stream).release(),
@@ -240,8 +276,10 @@ def _verdicts(trips: dict[str, dict[str, float]], held: dict[str, Any]) -> dict[
     r: dict[str, Any] = {}
     if "torch" in p:
         r["pinned_vs_torch"] = p["streamrt"] / p["torch"]
+        r["python_floor_vs_torch"] = p["python floor"] / p["torch"]
     if "cupy" in p:
         r["pinned_vs_cupy"] = p["streamrt"] / p["cupy"]
+        r["python_floor_vs_cupy"] = p["python floor"] / p["cupy"]
     if "torch" in d:
         r["device_vs_torch"] = d["streamrt"] / d["torch"]
         r["device_stream_vs_torch"] = d["streamrt stream="] / d["torch"]
@@ -293,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
         if key in result["ratios"]:
             value = result["ratios"][key]
             print(f"  {key:<26}{value:>8.3f}  goal <= {goal}  {'met' if value <= goal else 'NOT met'}")
+    for key in ("python_floor_vs_torch", "python_floor_vs_cupy"):
+        if key in result["ratios"]:
+            print(f"  {key:<26}{result['ratios'][key]:>8.3f}  (reference: the floor of any Python allocator)")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
