@@ -173,15 +173,20 @@ class HostRequest:
     woken for this request, skips ``fn``. ``post_done`` is ``False`` when the
     half that holds the stream could not be enqueued (nothing waits to be let
     go). ``ticket``: the signal value the stream waits for (0: it waits on
-    ``done``).
+    ``done``). ``committed``: everything the call enqueues is enqueued; until
+    then (or until it is abandoned) the worker does not run ``fn``, even if
+    the driver already woke it for the call.
     """
 
-    __slots__ = ("abandoned", "args", "completion", "exc", "finished", "fn", "post_done", "ran", "ticket", "value")
+    __slots__ = ("abandoned", "args", "committed", "completion", "exc", "finished", "fn", "post_done", "ran", "ticket", "value")
 
-    def __init__(self, fn: Callable[..., Any] | None, args: tuple[Any, ...], completion: Completion) -> None:
+    def __init__(
+        self, fn: Callable[..., Any] | None, args: tuple[Any, ...], completion: Completion, *, committed: bool = True
+    ) -> None:
         self.fn = fn
         self.args = args
         self.completion = completion
+        self.committed = committed
         self.abandoned = False
         self.finished = False
         self.post_done = True
@@ -288,15 +293,28 @@ class _Worker:
                 self._cond.notify_all()
 
     def abandon(self, req: HostRequest, exc: BaseException) -> None:
-        """The stream failed before ``req`` ran: resolve it with ``exc``, never run it."""
+        """The stream failed before ``req`` ran (or the call could not be enqueued): resolve it with ``exc``, never run it."""
         if req.finished:
             return
-        req.abandoned = True
+        with self._cond:
+            req.abandoned = True  # under the lock: a worker waiting for the commit sees it
+            self._cond.notify_all()
         self._broken = True
         req.fn = None
         req.args = ()
         self._finish(req)  # bookkeeping first: a woken waiter sees it done
         req.completion._resolve(None, exc, None)
+
+    def _commit(self, req: HostRequest) -> None:
+        """Submitting thread: everything ``req`` enqueues is enqueued; the worker may run it."""
+        with self._cond:
+            req.committed = True
+            self._cond.notify_all()
+
+    def _await_commit(self, req: HostRequest) -> None:
+        """Worker: the driver reached ``req`` while its submit was still enqueueing: wait for the outcome."""
+        with self._cond:
+            self._cond.wait_for(lambda: req.committed or req.abandoned)
 
     @property
     def in_flight(self) -> int:
@@ -374,6 +392,8 @@ class _Worker:
                     continue
                 self.done.post()
                 continue
+            if not req.committed:
+                self._await_commit(req)  # committed, or abandoned: fn then never runs
             if not req.abandoned:
                 fn, args = self._call_of(req)
                 req.fn = None
@@ -437,7 +457,7 @@ class HostChannel(_Worker):
         raised.
         """
         self._start()
-        req = HostRequest(fn, args, completion)
+        req = HostRequest(fn, args, completion, committed=False)
         backend = self._engine._backend
         with self._submit_lock:
             self._push(req)
@@ -466,6 +486,7 @@ class HostChannel(_Worker):
                 req.post_done = False  # `ready` will still be posted: the worker skips fn, releases nothing
                 self.abandon(req, exc)
                 raise
+            self._commit(req)
         return req
 
     def _let_stream_go(self, req: HostRequest) -> None:

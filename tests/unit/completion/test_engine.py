@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from _completion_helpers import FaultyBackend, Harness, wait_until
 
-from streamrt._completion import Completion, CompletionEngine
-from streamrt._hostcall import DEFAULT_SWITCH_INTERVAL
-from streamrt._errors import BackendError, CaptureError, ClosedError
 from streamrt._backends.protocol import PointerKind
-from streamrt._native import SEM_POST_ADDRESS, Semaphore
+from streamrt._completion import Completion, CompletionEngine
+from streamrt._errors import BackendError, CaptureError, ClosedError
+from streamrt._hostcall import DEFAULT_SWITCH_INTERVAL
+from streamrt._native import SEM_POST_ADDRESS, SEM_WAIT_ADDRESS, Semaphore
 
 
 class Token:
@@ -307,6 +307,36 @@ def test_a_failed_host_function_enqueue_leaves_nothing_waiting(harness: Harness)
     engine.drain(timeout=5)  # nothing in flight: returns at once
     harness.backend.stream_synchronize(s)
     assert ran == []
+
+
+def test_a_call_whose_hold_fails_to_enqueue_never_runs_although_its_worker_was_woken(harness: Harness) -> None:
+    """The driver may post ``ready`` before the submit learns that the hold failed: the worker waits for the outcome."""
+
+    class FailingHoldOnce:
+        failed = False
+
+        def __init__(self, inner: Any) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._inner, name)
+
+        def launch_host_func(self, stream: int, fn_ptr: int, user_data: int) -> None:
+            if fn_ptr == SEM_WAIT_ADDRESS and not FailingHoldOnce.failed:
+                FailingHoldOnce.failed = True
+                time.sleep(0.05)  # meanwhile the driver runs the call's sem_post(ready): the worker is woken
+                raise BackendError("sim", 1, "cudaErrorInvalidValue", "injected", "launch_host_func")
+            self._inner.launch_host_func(stream, fn_ptr, user_data)
+
+    engine = harness.engine(FailingHoldOnce(harness.backend), stream_signals=False)
+    s = harness.stream()
+    ran: list[str] = []
+    with pytest.raises(BackendError, match="injected"):
+        engine.host_call(s, ran.append, ("failed",))
+    assert engine.host_call(s, ran.append, ("next",)).exception(5) is None
+    engine.drain(timeout=5)
+    harness.backend.stream_synchronize(s)
+    assert ran == ["next"]  # the failed call never ran; the next one ran once
 
 
 def test_host_fn_exception_reaches_the_waiter_and_the_stream_goes_on(harness: Harness, engine: CompletionEngine) -> None:
@@ -655,6 +685,7 @@ def test_a_failed_signal_wait_enqueue_abandons_the_call_and_spends_its_ticket(ha
         def stream_wait_signal(self, stream: int, signal: int, value: int) -> None:
             if not FailingWaitOnce.failed:
                 FailingWaitOnce.failed = True
+                time.sleep(0.05)  # meanwhile the driver runs the call's sem_post(ready): the worker is woken
                 raise BackendError("sim", 1, "cudaErrorInvalidValue", "injected", "stream_wait_signal")
             self._inner.stream_wait_signal(stream, signal, value)
 
