@@ -22,6 +22,11 @@ runs at once, without the GPU -> host notice):
   Python (ctypes ``sem_wait``, then a ctypes store): adds the GIL;
 * ``python signal, slack 1us``: the same with the thread's timer slack at 1 µs
   (as streamrt's workers set it), so its timed wait for the GIL ends on time;
+* ``python event wake``: one host function: a blocking-sync *wake event* is
+  recorded, then ``sem_wait(done)``; the enqueuing thread posts a semaphore
+  that wakes a Python thread (timer slack 1 µs), which waits for the wake
+  event (``event_synchronize``, GIL released) and posts ``done``: the stream
+  pays one GPU -> host -> GPU round trip, and the thread's wake-up overlaps it;
 * ``streamrt``: ``Stream.launch_host_func(lambda: None)`` (held by ``sem_wait(done)``,
   the default), and ``streamrt, signal hold`` with ``stream_signals=True``.
 
@@ -123,6 +128,24 @@ def main() -> None:
         for server in ((sem_py, python_signal, False), (sem_py_slack, python_signal_slack, True)):
             threading.Thread(target=python_server, args=server, daemon=True).start()
 
+        wake_event = b.event_create(timing=False, blocking_sync=True)
+        sem_wake, sem_wake_done = Semaphore(0), Semaphore(0)
+
+        def event_woken_server() -> None:
+            tighten_timer_slack()
+            b.ensure_device(rt.device)
+            while True:
+                sem_wake.wait()
+                b.event_synchronize(wake_event)
+                sem_wake_done.post()
+
+        threading.Thread(target=event_woken_server, daemon=True).start()
+
+        def event_wake() -> None:
+            b.event_record(wake_event, h)
+            b.launch_host_func(h, SEM_WAIT_ADDRESS, sem_wake_done.address)
+            sem_wake.post()
+
         def native_noop() -> None:
             b.launch_host_func(h, SEM_POST_ADDRESS, sem_dummy.address)
 
@@ -152,6 +175,7 @@ def main() -> None:
             "native sem_wait": native_semwait,
             "python signal": signal_hold(sem_py, python_signal, "python"),
             "python signal, slack 1us": signal_hold(sem_py_slack, python_signal_slack, "python_slack"),
+            "python event wake": event_wake,
             "streamrt": streamrt_call,
         }
         if rt_signal.backend is b:  # GPU backends: one per device, so the stream can be shared
