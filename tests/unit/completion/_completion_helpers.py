@@ -95,6 +95,45 @@ class FaultyBackend:
             raise self._error("event_synchronize")
 
 
+class InjectedFailure:
+    """A backend whose ``method`` raises an injected ``BackendError``, the other calls passed through.
+
+    ``times`` calls fail (``None``: every one), counting only those for which
+    ``when(*args)`` is true (default: all); each failure first sleeps
+    ``delay`` seconds, time for the driver to run what was enqueued before it.
+    """
+
+    def __init__(
+        self,
+        inner: Any,
+        method: str,
+        *,
+        times: int | None = 1,
+        when: Callable[..., bool] | None = None,
+        delay: float = 0.0,
+    ) -> None:
+        self._inner = inner
+        self._method = method
+        self._times = times
+        self._when = when
+        self._delay = delay
+        self.failures = 0
+
+    def __getattr__(self, name: str) -> Any:
+        call = getattr(self._inner, name)
+        if name != self._method:
+            return call
+
+        def failing(*args: Any) -> Any:
+            if (self._times is None or self.failures < self._times) and (self._when is None or self._when(*args)):
+                self.failures += 1
+                time.sleep(self._delay)
+                raise BackendError(self._inner.name, 1, "cudaErrorInvalidValue", "injected", name)
+            return call(*args)
+
+        return failing
+
+
 class Harness:
     """Streams and gates of one test; everything is opened, drained and freed at teardown."""
 

@@ -12,7 +12,7 @@ import weakref
 from typing import Any
 
 import pytest
-from _completion_helpers import FaultyBackend, Harness, wait_until
+from _completion_helpers import FaultyBackend, Harness, InjectedFailure, wait_until
 
 from streamrt._backends.protocol import PointerKind
 from streamrt._completion import Completion, CompletionEngine
@@ -288,17 +288,7 @@ def test_host_call_holds_the_stream_until_fn_returns(harness: Harness, engine: C
 
 
 def test_a_failed_host_function_enqueue_leaves_nothing_waiting(harness: Harness) -> None:
-    class FailingLaunch:
-        def __init__(self, inner: Any) -> None:
-            self._inner = inner
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self._inner, name)
-
-        def launch_host_func(self, stream: int, fn_ptr: int, user_data: int) -> None:
-            raise BackendError("sim", 1, "cudaErrorInvalidValue", "injected", "launch_host_func")
-
-    engine = harness.engine(FailingLaunch(harness.backend))
+    engine = harness.engine(InjectedFailure(harness.backend, "launch_host_func", times=None))
     s = harness.stream()
     ran: list[int] = []
     with pytest.raises(BackendError, match="injected"):
@@ -312,23 +302,9 @@ def test_a_failed_host_function_enqueue_leaves_nothing_waiting(harness: Harness)
 def test_a_call_whose_hold_fails_to_enqueue_never_runs_although_its_worker_was_woken(harness: Harness) -> None:
     """The driver may post ``ready`` before the submit learns that the hold failed: the worker waits for the outcome."""
 
-    class FailingHoldOnce:
-        failed = False
-
-        def __init__(self, inner: Any) -> None:
-            self._inner = inner
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self._inner, name)
-
-        def launch_host_func(self, stream: int, fn_ptr: int, user_data: int) -> None:
-            if fn_ptr == SEM_WAIT_ADDRESS and not FailingHoldOnce.failed:
-                FailingHoldOnce.failed = True
-                time.sleep(0.05)  # meanwhile the driver runs the call's sem_post(ready): the worker is woken
-                raise BackendError("sim", 1, "cudaErrorInvalidValue", "injected", "launch_host_func")
-            self._inner.launch_host_func(stream, fn_ptr, user_data)
-
-    engine = harness.engine(FailingHoldOnce(harness.backend), stream_signals=False)
+    # the hold fails after a while, in which the driver runs the call's sem_post(ready): the worker is woken
+    failing = InjectedFailure(harness.backend, "launch_host_func", when=lambda _s, fn, _ud: fn == SEM_WAIT_ADDRESS, delay=0.05)
+    engine = harness.engine(failing, stream_signals=False)
     s = harness.stream()
     ran: list[str] = []
     with pytest.raises(BackendError, match="injected"):
@@ -673,23 +649,8 @@ def test_without_signals_each_call_is_two_host_functions(harness: Harness) -> No
 def test_a_failed_signal_wait_enqueue_abandons_the_call_and_spends_its_ticket(harness: Harness) -> None:
     """The worker may store the failed call's ticket; the next call must wait for a higher one."""
 
-    class FailingWaitOnce:
-        failed = False
-
-        def __init__(self, inner: Any) -> None:
-            self._inner = inner
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self._inner, name)
-
-        def stream_wait_signal(self, stream: int, signal: int, value: int) -> None:
-            if not FailingWaitOnce.failed:
-                FailingWaitOnce.failed = True
-                time.sleep(0.05)  # meanwhile the driver runs the call's sem_post(ready): the worker is woken
-                raise BackendError("sim", 1, "cudaErrorInvalidValue", "injected", "stream_wait_signal")
-            self._inner.stream_wait_signal(stream, signal, value)
-
-    engine = harness.engine(FailingWaitOnce(harness.backend), stream_signals=True)
+    # the wait fails after a while, in which the driver runs the call's sem_post(ready): the worker is woken
+    engine = harness.engine(InjectedFailure(harness.backend, "stream_wait_signal", delay=0.05), stream_signals=True)
     s = harness.stream()
     ran: list[str] = []
     with pytest.raises(BackendError, match="injected"):
