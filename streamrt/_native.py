@@ -137,8 +137,8 @@ def tighten_timer_slack(ns: int = TIMER_SLACK_NS) -> bool:
     A thread waiting for the GIL waits on a condition variable with a timeout
     of one switch interval before it asks the running thread to let go; Linux
     may let such a timed wait run late by the thread's timer slack, 50 µs by
-    default, which doubles the 50 µs interval streamrt sets while Python host
-    calls are in flight. Called by the runtime's own worker and lane threads
+    default, so the 10 µs interval streamrt sets while Python host calls are
+    in flight could become a 60 µs wait. Called by the runtime's own worker and lane threads
     only: it affects the calling thread and nothing else. ``False`` where it
     is not available (not Linux) or refused.
     """

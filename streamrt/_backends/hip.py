@@ -32,7 +32,6 @@ never hold it. The current device is per thread, as in HIP.
 from __future__ import annotations
 
 import ctypes
-
 import importlib.util
 import operator
 from collections.abc import Callable, Sequence
