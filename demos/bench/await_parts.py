@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
-import statistics
 import sys
 import threading
 import time
@@ -36,18 +36,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from completion_bench import _run, _summary  # the same loops and summaries as the await rows there
+
 import streamrt as srt
 
 _ns = time.perf_counter_ns
-
-
-def _summary(us: list[float]) -> dict[str, float]:
-    xs = sorted(us)
-    return {
-        "median_us": round(statistics.median(xs), 1),
-        "p99_us": round(xs[min(len(xs) - 1, int(0.99 * len(xs)))], 1),
-        "n": len(xs),
-    }
 
 
 class _Helper:
@@ -182,19 +175,8 @@ def main() -> None:
                 for _ in range(n):
                     rows.setdefault(name, []).append(fn())
                     time.sleep(20e-6)
-            for tag in ("asyncio", "uvloop"):
-                if tag == "uvloop":
-                    try:
-                        import uvloop
-                    except ImportError:
-                        continue
-                    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-                else:
-                    loop = asyncio.new_event_loop()
-                try:
-                    loop.run_until_complete(loop_rows(tag))
-                finally:
-                    loop.close()
+            for tag in ("asyncio", "uvloop") if importlib.util.find_spec("uvloop") else ("asyncio",):
+                _run(tag, loop_rows(tag))
         for h in (wake_only, lane_block, lane_q50, lane_q20):
             h.stop()
         s.synchronize()
