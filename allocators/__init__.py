@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import streamrt as srt
 
-from ._caching import CachingAllocator, CachingDeviceAllocator, CachingPinnedAllocator
+from ._caching import CachedBuffer, CachingAllocator, CachingDeviceAllocator, CachingPinnedAllocator
 from ._capture import CapturePool
 from ._debug import POISON
 from ._size_classes import SizeClasses
@@ -35,6 +35,7 @@ from ._statistics import CachingAllocatorStatistics
 
 __all__ = [
     "POISON",
+    "CachedBuffer",
     "CachingAllocator",
     "CachingAllocatorStatistics",
     "CachingDeviceAllocator",

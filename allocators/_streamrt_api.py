@@ -15,6 +15,12 @@ are bound here, so that a change in streamrt is one edit in this file:
   the release path needs, read in one C-level call from Buffer's slots
   (``streams`` is ``None`` or a set; the public properties would cost three
   Python calls on the allocators' hottest path).
+
+One more reach lives beside the code it speeds up: ``_caching.CachedBuffer``
+subclasses :class:`streamrt.Buffer`, sets its slots in its own constructor
+and reads and sets ``_released``, ``_ptr``, ``_nbytes`` and ``_streams`` in
+its ``release`` (the cached round trip's hot path; a test checks that it sets
+every slot Buffer has).
 """
 
 from __future__ import annotations

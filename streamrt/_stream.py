@@ -360,7 +360,7 @@ class Stream:
 
     def _buffer(self, obj: Any, what: str, peer: bool = False) -> Buffer:
         """``obj`` as a usable Buffer of this stream's runtime (``peer``: or a device buffer of another device)."""
-        if type(obj) is Buffer:
+        if isinstance(obj, Buffer):
             if obj._runtime is not self._runtime:
                 self._reject_or_peer(obj, what, peer)
             if obj._released or (obj._base is not None and obj._base._released):

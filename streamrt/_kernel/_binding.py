@@ -295,7 +295,7 @@ class Kernel:
     def _pointer(self, p: Param, value: Any) -> tuple[int, Buffer | None]:
         if value is None:
             return 0, None
-        if type(value) is Buffer:  # the common case, checked in full below
+        if isinstance(value, Buffer):  # the common case, checked in full below
             buf = value
             if buf._runtime is self._module._library._runtime and not buf.is_released and buf._kind != PAGEABLE:
                 if not (buf._readonly and "w" in self._modes[p.name]):

@@ -146,6 +146,37 @@ def test_release_twice_and_use_after_release_raise(rt: srt.Runtime, make_allocat
     assert conserved(a.statistics())
 
 
+def test_cached_buffers_are_whole_buffers_on_the_fast_and_the_slow_path(rt: srt.Runtime, make_allocator) -> None:
+    """A cached buffer sets every slot a Buffer has, whether built by allocate's fast path or by its slow path."""
+    a = make_allocator("host")
+    s = rt.create_stream()
+    slow = a.allocate(N)  # a miss: the constructor
+    slow.release()
+    fast = a.allocate(N)  # a hit: built inline by the fast path
+    assert fast.ptr == slow.ptr
+    assert a.statistics().hits == 1
+    on_stream = a.allocate(N, stream=s)  # the slow path with a stream
+    slots = [name for name in srt.Buffer.__slots__ if name != "__weakref__"]
+    for buf in (slow, fast, on_stream):
+        assert isinstance(buf, allocators.CachedBuffer) and isinstance(buf, srt.Buffer)
+        for name in slots:
+            getattr(buf, name)  # raises AttributeError for a slot left unset
+        assert (buf.nbytes, buf.kind, buf.runtime, buf.base, buf.offset, buf.readonly) == (N, "host", rt, buf, 0, False)
+    assert set(on_stream.streams) == {s} and not fast.streams
+    view = fast.view(16, 32)
+    assert (view.ptr, view.base, view.offset) == (fast.ptr + 16, fast, 16)
+    fast.numpy()[:] = 7
+    s.copy(on_stream, fast)
+    s.synchronize()
+    assert (on_stream.numpy() == 7).all()
+    on_stream.release()
+    fast.release()
+    assert view.is_released
+    with pytest.raises(ValueError, match="after release"):
+        s.memset(view, 0)
+    assert conserved(a.statistics())
+
+
 def test_a_reused_pinned_block_is_safe_to_write_at_once(rt: srt.Runtime, make_allocator) -> None:
     """Write, copy out, release; the next owner writes at once; every copy saw its own pattern."""
     a = make_allocator("host")
