@@ -235,6 +235,10 @@ def _error(code: int, call: str, requested: int | None = None) -> StreamRTError:
     return backend_error
 
 
+def _not_a_signal(address: int, call: str) -> BackendError:
+    return BackendError("hip", _INVALID_VALUE, "hipErrorInvalidValue", f"{address:#x} is not a signal of this backend (use signal_alloc)", call)
+
+
 def _check(code: int, call: str, requested: int | None = None) -> None:
     """Raise for a failed HIP call; return for ``hipSuccess``.
 
@@ -342,6 +346,7 @@ class HipBackend:
         self._new_host_fn: Callable[[int], Any] = hip.hipHostFn_t.fromObj
         # Conversion caches: int handle -> wrapper. The null stream is always there.
         self._pointers: dict[int, Any] = {}
+        self._signals: set[int] = set()  # addresses returned by signal_alloc and not freed
         self._arg_arrays: dict[int, Any] = {}
         self._streams: dict[int, Any] = {0: self._new_stream(0)}
         self._events: dict[int, Any] = {}
@@ -673,15 +678,21 @@ class HipBackend:
         _check(err, "hipExtMallocWithFlags", requested=8)
         signal = self._keep(self._pointers, ptr)
         ctypes.c_uint64.from_address(signal).value = 0
+        self._signals.add(signal)
         return signal
 
     def signal_free(self, signal: int) -> None:
-        """``hipFree`` (which waits for the device, as every free does)."""
+        """``hipFree`` (which waits for the device, as every free does). Refuses any other memory."""
+        if signal not in self._signals:
+            raise _not_a_signal(signal, "signal_free")
         _check(self._hipFree(self._pointer(signal))[0], "hipFree")
+        self._signals.discard(signal)
         self._pointers.pop(signal, None)
 
     def stream_wait_signal(self, stream: int, signal: int, value: int) -> None:
         """``hipStreamWaitValue64(stream, signal, value, hipStreamWaitValueGte, ~0)``."""
+        if signal not in self._signals:
+            raise _not_a_signal(signal, "hipStreamWaitValue64")
         err = self._hipStreamWaitValue64(self._stream(stream), self._pointer(signal), value, _WAIT_VALUE_GTE, _ALL_BITS)[0]
         if err:
             _check(err, "hipStreamWaitValue64")

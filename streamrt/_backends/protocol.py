@@ -214,7 +214,12 @@ class Backend(Protocol):
         ...
 
     def signal_free(self, signal: int) -> None:
-        """Free a signal. No stream may still wait on it."""
+        """Free a signal. No stream may still wait on it.
+
+        Any address that :meth:`signal_alloc` did not return (or that was
+        freed already) is refused with ``BackendError`` and nothing is freed;
+        :meth:`stream_wait_signal` refuses it the same way.
+        """
         ...
 
     def stream_wait_signal(self, stream: int, signal: int, value: int) -> None:

@@ -48,6 +48,27 @@ def test_a_signal_is_eight_aligned_zeroed_bytes(rt: srt.Runtime, signal: int) ->
     assert ctypes.c_uint64.from_address(signal).value == 0
 
 
+def test_only_a_signal_is_freed_or_waited_on_as_one(rt: srt.Runtime, signal: int) -> None:
+    """Other memory (pinned host memory here, or a freed signal) is refused, and nothing is freed."""
+    b = rt.backend
+    s = rt.create_stream()
+    other = b.host_malloc(8)
+    try:
+        with pytest.raises(srt.BackendError, match="not a signal"):
+            b.signal_free(other)
+        with pytest.raises(srt.BackendError, match="not a signal"):
+            b.stream_wait_signal(s.handle, other, 1)
+        _store(other, 7)  # still allocated
+        assert ctypes.c_uint64.from_address(other).value == 7
+    finally:
+        b.host_free(other)
+    spare = b.signal_alloc()
+    b.signal_free(spare)
+    with pytest.raises(srt.BackendError, match="not a signal"):
+        b.signal_free(spare)
+    s.synchronize()  # the stream was never held
+
+
 def test_a_stream_waits_until_the_host_stores_a_large_enough_value(rt: srt.Runtime, signal: int) -> None:
     b = rt.backend
     s = rt.create_stream()

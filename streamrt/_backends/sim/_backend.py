@@ -64,7 +64,7 @@ import ctypes
 import warnings
 from typing import Any, NoReturn
 
-from ..protocol import Capabilities, PointerKind, priority_clamp
+from ..protocol import Capabilities, priority_clamp
 from . import _codes as C
 from ._codes import fail
 from ._core import (
@@ -86,8 +86,6 @@ from ._ops import OpRecord
 from ._profile import SimProfile
 
 __all__ = ["SimBackend"]
-
-HOST_MEMORY = PointerKind.HOST
 
 
 class SimBackend(MemoryCalls, GraphCalls, KernelCalls):
@@ -469,23 +467,29 @@ class SimBackend(MemoryCalls, GraphCalls, KernelCalls):
         """8 zeroed bytes of pinned memory, 8-aligned, for :meth:`stream_wait_signal`."""
         signal = self.host_malloc(8)
         ctypes.memset(signal, 0, 8)
+        with self._lock:
+            self._signals.add(signal)
         return signal
 
     def signal_free(self, signal: int) -> None:
         """Free a signal after the device's work, as ``host_free`` does.
 
-        Refused (``INVALID_VALUE``, nothing freed) while a stream waits on it
-        for a value not stored yet: on a GPU that free would never return.
+        Refused (``INVALID_VALUE``, nothing freed) for memory that is not a
+        signal of this backend, and while a stream waits on it for a value not
+        stored yet: on a GPU that free would never return.
         """
         call = "signal_free"
         self._enter(call)
         sig = check_count(signal, "signal", call)
         with self._lock:
+            if sig not in self._signals:
+                fail(C.INVALID_VALUE, f"{sig:#x} is not a signal of this backend (use signal_alloc)", call)
             waits = [op for op in self._signal_waits.get(sig, ()) if not op.done]
             unreached = [op for op in waits if not signal_reached(op)]
             if unreached:
                 fail(C.INVALID_VALUE, f"signal {sig:#x} is still waited on by {unreached[0]!r}", call)
             self._signal_waits.pop(sig, None)
+            self._signals.discard(sig)
         self.host_free(sig)
 
     def stream_wait_signal(self, stream: int, signal: int, value: int) -> None:
@@ -504,9 +508,9 @@ class SimBackend(MemoryCalls, GraphCalls, KernelCalls):
             fail(C.INVALID_VALUE, f"value {v} does not fit in 64 bits", call)
         with self._lock:
             s = self._stream(stream, tls, call)
-            alloc = self._mem.find(sig)
-            if alloc is None or alloc.kind != HOST_MEMORY or sig % 8 or sig + 8 > alloc.end:
-                fail(C.INVALID_VALUE, f"{sig:#x} is not a signal (8 aligned bytes from signal_alloc)", call)
+            if sig not in self._signals:
+                fail(C.INVALID_VALUE, f"{sig:#x} is not a signal of this backend (use signal_alloc)", call)
+            alloc = self._mem.find(sig)  # kept alive until the wait has run
             if s.capture is not None:
                 self._violation([s.capture], C.CAPTURE_UNSUPPORTED, "stream_wait_signal cannot be captured", call)
             duration = 0.0

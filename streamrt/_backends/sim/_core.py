@@ -252,6 +252,7 @@ class SimCore:
         self._seq = 0
         self._hostfns: dict[int, Any] = {}
         self._signal_waits: dict[int, list[Op]] = {}  # signal address -> wait_signal ops enqueued on it
+        self._signals: set[int] = set()  # addresses returned by signal_alloc and not freed
         # cost-model constants read on the hot paths
         self._api_us = profile.api_call_us
         self._charge_host_time = profile.charge_host_time
