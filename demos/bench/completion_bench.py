@@ -42,6 +42,7 @@ import argparse
 import asyncio
 import ctypes
 import dataclasses
+import functools
 import json
 import os
 import statistics
@@ -94,6 +95,7 @@ async def _latency_bridge(rt: srt.Runtime, s: srt.Stream, d: srt.Buffer, n: int)
 
     native = _HOST_FN(cb)
     addr = ctypes.cast(native, ctypes.c_void_p).value
+    assert addr is not None
     out = []
     for _ in range(n):
         fut = loop.create_future()
@@ -134,6 +136,7 @@ async def _latency_numba(rt: srt.Runtime, s: srt.Stream, d: srt.Buffer, n: int) 
 
 
 def _run(loop_kind: str, coro: Any) -> Any:
+    loop: asyncio.AbstractEventLoop
     if loop_kind == "uvloop":
         import uvloop
 
@@ -226,7 +229,11 @@ class _Gate:
         self._sem.destroy()
 
 
-def _stall(rt: srt.Runtime, s: srt.Stream, enqueue: Callable[[], None], rounds: int, held: bool) -> list[float]:
+def _nothing() -> None:
+    """The Python host function of the stall rows."""
+
+
+def _stall(rt: srt.Runtime, s: srt.Stream, enqueue: Callable[[], object], rounds: int, held: bool) -> list[float]:
     t0, t1 = rt.create_event(timing=True), rt.create_event(timing=True)
     gate = _Gate(rt)
     out = []
@@ -265,19 +272,17 @@ def _stall_variants(backend: str, rounds: int) -> dict[str, dict[str, float]]:
         ):
             sys.setswitchinterval(0.005)
             s = rt.create_stream()
-            variants: dict[str, Callable[[], None]] = {
-                "native no-op (sem_post)": lambda s=s: s.launch_host_func(sem_post, sem.address),
-                "python fn on worker (streamrt)": lambda s=s: s.launch_host_func(lambda: None),
+            variants: dict[str, Callable[[], object]] = {
+                "native no-op (sem_post)": functools.partial(s.launch_host_func, sem_post, sem.address),
+                "python fn on worker (streamrt)": functools.partial(s.launch_host_func, _nothing),
             }
             # opt-in: the stream is held by a signal wait. The two runtimes share the backend on a GPU
             # (one per device), so they can share the stream; two simulators cannot.
             if rt_signal._engine.stream_signals and rt_signal.backend is rt.backend:
                 s_signal = rt_signal.wrap_stream(s.handle)  # the same stream, its host calls held by a signal
-                variants["python fn on worker (streamrt, signal hold)"] = lambda s=s_signal: s.launch_host_func(
-                    lambda: None
-                )
+                variants["python fn on worker (streamrt, signal hold)"] = functools.partial(s_signal.launch_host_func, _nothing)
             if interval is None:
-                variants["python fn on driver thread"] = lambda s=s: s.launch_host_func(py_driver)
+                variants["python fn on driver thread"] = functools.partial(s.launch_host_func, py_driver)
             samples: dict[str, list[float]] = {}
             for _ in range(3):  # interleave the variants
                 for name, enq in variants.items():
