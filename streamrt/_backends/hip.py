@@ -236,7 +236,8 @@ def _error(code: int, call: str, requested: int | None = None) -> StreamRTError:
 
 
 def _not_a_signal(address: int, call: str) -> BackendError:
-    return BackendError("hip", _INVALID_VALUE, "hipErrorInvalidValue", f"{address:#x} is not a signal of this backend (use signal_alloc)", call)
+    message = f"{address:#x} is not a signal of this backend (use signal_alloc)"
+    return BackendError("hip", _INVALID_VALUE, "hipErrorInvalidValue", message, call)
 
 
 def _check(code: int, call: str, requested: int | None = None) -> None:
