@@ -46,6 +46,7 @@ _INSTALL_HINT = "pip install 'streamrt[cuda]'"
 _CACHE_LIMIT = 4096  # bound on cached wrapper objects for handles created elsewhere
 
 # Driver-API result codes used on the error path (values fixed by cuda.h).
+_CUDA_ERROR_INVALID_VALUE = 1
 _CUDA_ERROR_INVALID_CONTEXT = 201
 _CU_STREAM_WAIT_VALUE_GEQ = 0  # CUstreamWaitValue_flags (cuda.h)
 _CAN_USE_64_BIT_STREAM_MEM_OPS = 122  # CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS (cuda.h; 93 is the V1 API)
@@ -415,7 +416,8 @@ def _stream_wait_value64(libcuda: ctypes.CDLL) -> Any:
 
 
 def _not_a_signal(address: int, call: str) -> BackendError:
-    return BackendError("cuda", 1, "cudaErrorInvalidValue", f"{address:#x} is not a signal of this backend (use signal_alloc)", call)
+    message = f"{address:#x} is not a signal of this backend (use signal_alloc)"
+    return BackendError("cuda", _CUDA_ERROR_INVALID_VALUE, "cudaErrorInvalidValue", message, call)
 
 
 class CudaBackend:
