@@ -18,6 +18,11 @@ resolved Completions:
   on its stream and complete in order), and wakes each asyncio loop once per
   batch (``loop.call_soon_threadsafe``). An idle lane sleeps on a lock: no
   polling.
+* **Polling awaits.** For ``await_poll_us`` after an ``await`` of pending
+  work begins, the awaiting loop's thread polls the work's lanes itself
+  (:class:`_AwaitPoller`, :meth:`_Lane.poll`) and retires what is complete,
+  as a lane would; the lane thread sleeps meanwhile. This saves the lane's
+  and the loop's cross-thread wake-ups for short work.
 * **Host calls.** Python host functions run on worker threads (see
   :mod:`streamrt._hostcall`); driver threads only run libc ``sem_post`` /
   ``sem_wait``.
@@ -113,13 +118,21 @@ class _LoopNotifier:
         self._queued: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
 
     def post(self, loop: asyncio.AbstractEventLoop, futures: list[asyncio.Future[None]]) -> None:
-        """Have ``loop`` set ``futures`` (a list the notifier may extend) soon; any thread."""
+        """Have ``loop`` set ``futures`` (a list the notifier may extend) soon; any thread.
+
+        On ``loop``'s own thread (an await's poller retired the work) they are
+        set at once, unless an earlier post to the loop is still pending: they
+        then join it, so awaiters resume in the order their work retired.
+        """
         with self._lock:
             queued = self._queued.get(loop)
             if queued is not None and not loop.is_closed():
                 queued.extend(futures)
                 return
-            self._queued[loop] = futures  # (a closed loop's stale entry is replaced, then dropped below)
+            if _get_running_loop() is loop:  # on the loop's thread with nothing pending: set them now
+                queued = None
+            else:
+                queued = self._queued[loop] = futures  # (a closed loop's stale entry is replaced)
             stale: list[asyncio.AbstractEventLoop] = []
             if len(self._queued) > 4:  # loops closed before their wake-up ran: nothing else drops them
                 stale = [other for other in self._queued if other is not loop and other.is_closed()]
@@ -127,11 +140,11 @@ class _LoopNotifier:
                     del self._queued[other]
         if stale:
             self._loop_closed()
+        if queued is None:
+            _set_futures(futures)
+            return
         try:
-            if _get_running_loop() is loop:
-                loop.call_soon(self._flush, loop)
-            else:
-                loop.call_soon_threadsafe(self._flush, loop)
+            loop.call_soon_threadsafe(self._flush, loop)
         except RuntimeError:
             with self._lock:
                 if self._queued.get(loop) is futures:
@@ -161,6 +174,84 @@ class _LoopNotifier:
 
 _default_notifier = _LoopNotifier()
 
+#: How long an await polls its lanes from the event loop by default (``open_runtime(await_poll_us=...)``).
+DEFAULT_AWAIT_POLL_US = 50.0
+
+
+class _AwaitPoller:
+    """Retires, on one event loop's thread, the work its tasks await, for a short while after each await.
+
+    An ``await`` of a pending Completion resolved by lanes (a stream's work,
+    a host call, a Run) registers those lanes here for the engine's
+    ``await_poll_us``. While a registration is live the poller runs as a loop
+    callback, re-scheduled with ``call_soon`` (so the loop never blocks, and
+    its other callbacks and I/O run between two polls), and has each lane
+    retire what ``event_query`` reports complete, in stream order, on this
+    thread (:meth:`_Lane.poll`). The task then resumes without the two
+    cross-thread wake-ups of the lane path (the lane thread's, then the
+    loop's). Meanwhile the lane thread stays asleep instead of waiting in the
+    driver, so an event is never retired here while a driver wait is on it.
+    A registration ends when the awaited Completion is resolved, its lane has
+    nothing queued, or its time is up; the lane thread then takes over again.
+    The loop thread only spins while it has an await younger than
+    ``await_poll_us``; an idle loop sleeps as before.
+
+    One poller per loop, made on demand and dropped when it has nothing left;
+    only the loop's thread touches it.
+    """
+
+    __slots__ = ("_lanes", "_loop", "_scheduled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lanes: dict[_Lane, tuple[int, Completion]] = {}  # lane -> (deadline ns, the latest await on it)
+        self._scheduled = False
+
+    def add(self, completion: Completion, deadline: int) -> None:
+        lanes = self._lanes
+        for lane in completion._lanes:
+            lane.pollers[self] = deadline
+            lanes[lane] = (deadline, completion)
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self._run)
+
+    def _run(self) -> None:
+        now = _perf_counter_ns()
+        lanes = self._lanes
+        for lane, (deadline, awaited) in list(lanes.items()):
+            # (awaited is checked again after the poll, which may have retired it)
+            if now > deadline or awaited._done or not lane.poll() or awaited._done:
+                del lanes[lane]
+                lane.end_poll(self)
+        if lanes:
+            self._loop.call_soon(self._run)
+            return
+        self._scheduled = False
+        if _pollers.get(self._loop) is self:
+            del _pollers[self._loop]
+
+
+# loop -> its poller, while it polls. Each entry is touched by its loop's thread only.
+_pollers: dict[asyncio.AbstractEventLoop, _AwaitPoller] = {}
+
+
+def _poll_while_awaited(loop: asyncio.AbstractEventLoop, completion: Completion) -> None:
+    """On ``loop``'s thread, as ``completion`` is awaited: poll its lanes for the engine's ``await_poll_us``."""
+    poll_ns = completion._lanes[0]._engine._await_poll_ns
+    if not poll_ns:
+        return
+    poller = _pollers.get(loop)
+    if poller is None:
+        if len(_pollers) > 4:  # a loop closed while its poller was scheduled leaves an entry: drop those
+            for other, stale in list(_pollers.items()):
+                if other.is_closed():
+                    _pollers.pop(other, None)
+                    for lane in stale._lanes:
+                        lane.end_poll(stale)
+        poller = _pollers[loop] = _AwaitPoller(loop)
+    poller.add(completion, _perf_counter_ns() + poll_ns)
+
 PostBatch = dict[asyncio.AbstractEventLoop, list["asyncio.Future[None]"]]  # filled while one lane batch retires
 
 
@@ -169,7 +260,8 @@ class Completion:
 
     A Completion is resolved exactly once, with a value or an exception, by
     the runtime (the first resolution wins). Resolution happens on a runtime
-    thread (a lane or a host-call worker), never on a driver thread.
+    thread (a lane or a host-call worker) or on the thread of an event loop
+    whose await polled the work, never on a driver thread.
 
     * :meth:`wait` blocks the calling thread (GIL released) until resolved.
     * ``await completion`` suspends the task without blocking the loop and
@@ -180,7 +272,8 @@ class Completion:
       (buffers, callables) held for the work are released only after the work
       has completed, whatever the awaiters do.
     * Callbacks added with :meth:`add_done_callback` run on the resolving
-      runtime thread (or at once, on the caller's thread, if already done).
+      thread: a runtime thread, or an event loop's thread that polled the
+      work for an await (or at once, on the caller's thread, if already done).
 
     If an exception is stored and nothing ever retrieves it (``result``,
     ``exception``, ``await``), it is logged when the Completion is collected,
@@ -193,6 +286,7 @@ class Completion:
         "_done",
         "_event",
         "_exc",
+        "_lanes",
         "_log_unretrieved",
         "_notifier",
         "_resolved_ns",
@@ -209,6 +303,7 @@ class Completion:
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] | None = None
         self._event: threading.Event | None = None
         self._notifier: _LoopNotifier = _default_notifier
+        self._lanes: tuple[_Lane, ...] = ()  # the lanes that resolve it: an await polls them (see _AwaitPoller)
         self._log_unretrieved = False
 
     # -- observing ---------------------------------------------------------------
@@ -232,6 +327,8 @@ class Completion:
             event = self._event
             if event is None:
                 event = self._event = threading.Event()
+        for lane in self._lanes:  # a push from a loop's thread may have left its lane asleep
+            lane.nudge()
         if not event.wait(timeout):
             raise TimeoutError(f"work not completed within {timeout} s")
 
@@ -278,6 +375,8 @@ class Completion:
                     self._waiters.append((loop, fut))
                     registered = True
             if registered:
+                if self._lanes:
+                    _poll_while_awaited(loop, self)
                 try:
                     yield from fut
                 except asyncio.CancelledError:
@@ -452,8 +551,19 @@ class _Lane:
     Wake-up protocol (no lock on the producer's path): the queue is a deque
     (atomic appends/pops); an idle lane announces ``_sleeping``, re-checks
     the queue and blocks on ``_wake``, a plain lock kept acquired, which a
-    producer that sees ``_sleeping`` releases. ``_cond`` is only for
-    :meth:`wait_idle` (drain), notified when drainers exist.
+    producer that sees ``_sleeping`` releases (a producer on an event loop's
+    thread defers that to the loop's next iteration, see :meth:`push`).
+    ``_cond`` is only for :meth:`wait_idle` (drain), notified when drainers
+    exist.
+
+    Polling. While an awaiting loop's poller is registered in
+    :attr:`pollers` with a deadline ahead, the lane thread naps (a timed
+    sleep, ``_napping``) instead of choosing an entry to wait on, and the
+    poller retires entries with :meth:`poll`. Whoever retires holds
+    ``_retire_lock`` from taking entries until they are retired, so batches
+    retire in order; the lane thread also holds it to choose its
+    ``_waiting`` entry, which :meth:`poll` then leaves to it: an event is
+    never retired (and its event reused) while a driver wait is on it.
 
     Failed lanes. Entries leave the queue only under ``_take`` (the lane
     thread holds it, once per batch, to pop what it retires; never while it
@@ -478,9 +588,20 @@ class _Lane:
         self._take = threading.RLock()
         self.dead: BaseException | None = None  # set by fail_stuck: the lane's waits are abandoned
         self._sleeping = False
+        self._napping = False  # asleep because pollers retire its work: a push need not wake it
+        self._wake_scheduled = False  # a push from a loop's thread asked that loop to wake it (push)
         self._stopping = False
         self._exited = False
-        self._busy = 0  # entries popped and not yet retired (lane thread only)
+        self._busy = 0  # entries popped and not yet retired (by the one thread retiring)
+        # Held by whoever retires (the lane thread, or an awaiting loop's poller) from taking
+        # entries until they are retired, so batches retire in order; and by the lane thread to
+        # choose the entry it waits on (_waiting), which a poller then leaves to it.
+        self._retire_lock = threading.Lock()
+        self._waiting: _Entry | None = None
+        # Awaiting loops' pollers (_AwaitPoller) polling this lane, with their deadlines (perf
+        # counter ns): until the last deadline the lane thread sleeps instead of starting a driver
+        # wait. Only the deadline is trusted: a loop may stop with its poller still registered.
+        self.pollers: dict[_AwaitPoller, int] = {}
         self._cond = threading.Condition(threading.RLock())
         self._drainers = 0
         self.retired = 0
@@ -509,8 +630,18 @@ class _Lane:
                 pass  # the lane took it after all and retires it
             else:
                 raise ClosedError("this completion lane was released")
-        if self._sleeping:
-            self._signal()
+        if self._sleeping and not self._napping:
+            loop = _get_running_loop()
+            if loop is None:
+                self._signal()
+            elif not self._wake_scheduled:
+                # Pushed on an event loop's thread: the work is likely awaited next, and the
+                # await's poller retires it there. Wake the lane thread on the loop's next
+                # iteration only if no poller took the lane by then (waking it now would have
+                # it contend for the GIL with the polling loop). A loop that stops before
+                # that iteration leaves the wake to Completion.wait, drain and the watchdog.
+                self._wake_scheduled = True
+                loop.call_soon(self._wake_unless_polled)
         watchdog = self._engine._watchdog
         if watchdog is not None and watchdog.idle:
             watchdog.kick()
@@ -522,7 +653,50 @@ class _Lane:
         except RuntimeError:  # already released by another producer
             pass
 
+    def poll(self) -> bool:
+        """Retire, on the calling thread, the queued entries whose events are complete. Never blocks.
+
+        For an awaiting loop's poller (which registered in :attr:`pollers`
+        first). Retires nothing if another thread is retiring, or if the
+        oldest entry is the one the lane thread is waiting on in the driver
+        (it retires it when the wait returns). Returns ``False`` once nothing
+        is queued (or the lane failed): polling it further is pointless.
+        """
+        queue = self._queue
+        if not queue or self.dead is not None:
+            return False
+        if not self._retire_lock.acquire(blocking=False):
+            return True
+        try:
+            batch: list[_Entry] = []
+            with self._take:
+                if self.dead is not None or not queue:
+                    return False
+                if queue[0] is self._waiting:
+                    return True
+                self._take_done(queue, self._engine._backend.event_query, batch)
+            if batch:
+                self._retire(batch, None)
+            return bool(queue)
+        finally:
+            self._retire_lock.release()
+
+    def end_poll(self, poller: _AwaitPoller) -> None:
+        """``poller`` stops polling this lane: the lane thread resumes its waits if it was the last."""
+        self.pollers.pop(poller, None)
+        self.nudge()
+
+    def nudge(self) -> None:
+        """Wake the lane thread if it sleeps while work is queued and no poller's deadline is ahead. Any thread."""
+        if self._sleeping and self._queue and max(self.pollers.values(), default=0) <= _perf_counter_ns():
+            self._signal()
+
+    def _wake_unless_polled(self) -> None:
+        self._wake_scheduled = False
+        self.nudge()
+
     def wait_idle(self, timeout: float | None) -> bool:
+        self.nudge()
         with self._cond:
             self._drainers += 1
             try:
@@ -606,6 +780,8 @@ class _Lane:
         queue = self._queue
         wake = self._wake
         take = self._take
+        retire_lock = self._retire_lock
+        pollers = self.pollers
         while True:
             if not queue or self.dead is not None:  # a failed lane has nothing left to wait for
                 if self._stopping:
@@ -619,35 +795,49 @@ class _Lane:
                     wake.acquire()  # GIL released while blocked
                 self._sleeping = False
                 continue
-            try:
-                head = queue[0]
-            except IndexError:  # failed and emptied by the watchdog meanwhile
-                continue
+            if pollers and not self._stopping:  # an awaiting loop retires this lane's work meanwhile
+                left = max(pollers.values(), default=0) - _perf_counter_ns()
+                if left > 0:
+                    self._napping = self._sleeping = True
+                    if pollers and not self._stopping:
+                        wake.acquire(timeout=left / 1e9)  # end_poll, stop or the deadline
+                    self._napping = self._sleeping = False
+                    continue
+            with retire_lock:
+                if pollers and not self._stopping and max(pollers.values(), default=0) > _perf_counter_ns():
+                    continue
+                try:
+                    head = queue[0]
+                except IndexError:  # retired by a poller, or failed and emptied by the watchdog
+                    continue
+                self._waiting = head
             error: BaseException | None = setup_error
             if error is None:
                 try:
                     synchronize(head.event)
                 except BaseException as exc:  # noqa: BLE001 - a sticky error resolves the waiter
                     error = exc
-            with take:
-                if self.dead is not None:  # the watchdog failed this lane's work meanwhile
-                    continue
-                self._busy = 1
-                try:
-                    if queue[0] is not head:  # taken by a forced close meanwhile
+            with retire_lock:
+                self._waiting = None
+                with take:
+                    if self.dead is not None:  # the watchdog failed this lane's work meanwhile
+                        continue
+                    self._busy = 1
+                    try:
+                        if queue[0] is not head:  # taken by a forced close meanwhile
+                            self._busy = 0
+                            continue
+                        queue.popleft()
+                    except IndexError:
                         self._busy = 0
                         continue
-                    queue.popleft()
-                except IndexError:
-                    self._busy = 0
-                    continue
-                batch = [head]
-                if error is None and queue:
-                    self._take_done(queue, query, batch)
-            self._retire(batch, error)
+                    batch = [head]
+                    if error is None and queue:
+                        self._take_done(queue, query, batch)
+                self._retire(batch, error)
 
     def _take_done(self, queue: collections.deque[_Entry], query: Callable[[int], bool], batch: list[_Entry]) -> None:
-        """Move the queued entries whose events are complete to ``batch`` (lane thread, ``_take`` held).
+        """Move the queued entries whose events are complete to ``batch`` (the retiring thread, ``_take`` held).
 
         Every event of a lane was recorded on the lane's stream, so one that
         is complete means every event watched before it is: the newest is
@@ -769,6 +959,9 @@ class CompletionEngine:
             queued (see :mod:`streamrt._watchdog`); ``None`` runs no watchdog.
         watchdog_threshold: a lane's oldest entry must have been waited for
             this long before the watchdog queries its event.
+        await_poll_us: how long an ``await`` of a pending Completion polls
+            its lanes from the event loop's thread (see :class:`_AwaitPoller`);
+            0 leaves every await to the lane threads.
     """
 
     def __init__(
@@ -782,6 +975,7 @@ class CompletionEngine:
         exit_timeout: float | None = None,
         watchdog_interval: float | None = 0.5,
         watchdog_threshold: float = 1.0,
+        await_poll_us: float = DEFAULT_AWAIT_POLL_US,
     ) -> None:
         if python_host_switch_interval is not None and not python_host_switch_interval > 0:
             raise ValueError(f"python_host_switch_interval must be > 0 or None, got {python_host_switch_interval!r}")
@@ -789,6 +983,9 @@ class CompletionEngine:
             raise ValueError(f"watchdog_interval must be > 0 or None, got {watchdog_interval!r}")
         if not watchdog_threshold >= 0:
             raise ValueError(f"watchdog_threshold must be >= 0, got {watchdog_threshold!r}")
+        if isinstance(await_poll_us, bool) or not isinstance(await_poll_us, (int, float)) or not 0 <= await_poll_us <= 1e6:
+            raise ValueError(f"await_poll_us must be a number of microseconds from 0 to 1e6, got {await_poll_us!r}")
+        self._await_poll_ns = int(await_poll_us * 1000)
         self._backend = backend
         self._device = device
         self._switch_interval = python_host_switch_interval
@@ -907,6 +1104,10 @@ class CompletionEngine:
         self._check_open()
         self._lane(lane).push(_Entry(event, callback, None, None, False))
 
+    def lanes_of(self, lane: int) -> tuple[_Lane, ...]:
+        """What a Completion resolved on lane ``lane`` polls when awaited (see ``Completion._lanes``)."""
+        return (self._lane(lane),)
+
     def event_completion(self, event: int, lane: int) -> Completion:
         """A Completion resolved once the user-owned, already recorded ``event`` completes.
 
@@ -919,7 +1120,9 @@ class CompletionEngine:
         self._check_open()
         completion = Completion()
         completion._notifier = self._notifier
-        self._lane(lane).push(_Entry(event, None, completion, None, False, user_event=True))
+        target = self._lane(lane)
+        completion._lanes = (target,)
+        target.push(_Entry(event, None, completion, None, False, user_event=True))
         return completion
 
     def completion_for_stream(self, stream: int, *, keepalive: object = None) -> Completion:
@@ -940,7 +1143,9 @@ class CompletionEngine:
             raise
         completion = Completion()
         completion._notifier = self._notifier
-        self._lane(stream).push(_Entry(event, None, completion, keepalive, True))
+        lane = self._lane(stream)
+        completion._lanes = (lane,)
+        lane.push(_Entry(event, None, completion, keepalive, True))
         return completion
 
     # -- event pool ----------------------------------------------------------------
@@ -1007,7 +1212,9 @@ class CompletionEngine:
             self._pool.append(event)
             channel.abandon(req, exc)  # no guard, no watchdog: fn will not run
             raise
-        self._lane(stream).push(_Entry(event, None, None, None, True, req, channel))
+        lane = self._lane(stream)
+        completion._lanes = (lane,)
+        lane.push(_Entry(event, None, None, None, True, req, channel))
         return completion
 
     def host_call_native(self, stream: int, fn_ptr: int, user_data: int, *, keepalive: object = None) -> None:

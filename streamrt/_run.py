@@ -69,6 +69,7 @@ def record_tail(stream: Stream, pool: StreamPool, keepalive: object) -> Tail:
     except BaseException:
         pool.release_event(ev)
         raise
+    completion._lanes = engine.lanes_of(stream._handle)
     return stream, ev, completion
 
 
@@ -108,6 +109,9 @@ class Run(Completion):
         super().__init__()
         if tails:
             self._notifier = tails[0][2]._notifier
+            # an await polls every lane that resolves a part of the run (side streams' host calls too)
+            parts = [c for _, c in host] + [c for _, _, c in tails]
+            self._lanes = tuple(dict.fromkeys(lane for c in parts for lane in c._lanes))
         self._name = name
         self._policy = policy
         self._streams = streams

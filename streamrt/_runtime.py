@@ -19,7 +19,7 @@ from ._backends import select_auto
 from ._backends._shared import BackendLease, acquire_backend
 from ._backends.protocol import Backend, Capabilities, priority_clamp
 from ._buffer import DEVICE, HOST, Buffer, wrap_foreign
-from ._completion import CompletionEngine
+from ._completion import DEFAULT_AWAIT_POLL_US, CompletionEngine
 from ._errors import ClosedError
 from ._event import Event
 from ._hostcall import DEFAULT_SWITCH_INTERVAL
@@ -45,6 +45,7 @@ def open_runtime(
     device_allocator: str | AllocatorFactory | Allocator = "caching",
     python_host_switch_interval: float | None = DEFAULT_SWITCH_INTERVAL,
     stream_signals: bool = False,
+    await_poll_us: float = DEFAULT_AWAIT_POLL_US,
     trace: bool | None = None,
     **backend_options: Any,
 ) -> Runtime:
@@ -61,6 +62,11 @@ def open_runtime(
     device-side signal wait instead of a second host function, where the
     backend supports it; read ``docs/asyncio.md`` ("How a Python host function
     holds its stream") first: it can deadlock with GIL-holding synchronizing calls.
+    ``await_poll_us`` (default 50): for this long after an ``await`` of pending
+    work begins, the event loop's thread polls the work's events itself
+    between its other callbacks, which saves the completion thread's and the
+    loop's cross-thread wake-ups; 0 turns it off (``docs/asyncio.md``, "Polling
+    awaits").
 
     One runtime per device: ``open_runtime("cuda", device=1)`` next to a runtime
     on device 0 shares its backend object, so streams of the two wait on each
@@ -91,6 +97,7 @@ def open_runtime(
             device_allocator=device_allocator,
             python_host_switch_interval=python_host_switch_interval,
             stream_signals=stream_signals,
+            await_poll_us=await_poll_us,
             lease=lease,
         )
     except BaseException:
@@ -150,6 +157,7 @@ class Runtime:
         device_allocator: str | AllocatorFactory | Allocator = "caching",
         python_host_switch_interval: float | None = DEFAULT_SWITCH_INTERVAL,
         stream_signals: bool = False,
+        await_poll_us: float = DEFAULT_AWAIT_POLL_US,
         lease: BackendLease | None = None,
     ) -> None:
         self._backend = backend
@@ -174,12 +182,17 @@ class Runtime:
         if self._multi_device:  # frees and device-wide syncs on the releaser thread act on this device
             self.releaser.submit(backend.ensure_device, device)
         engine_backend: Any = _EngineBackend(backend, device) if self._multi_device else backend
-        self._engine = CompletionEngine(
-            engine_backend,
-            device,
-            python_host_switch_interval=python_host_switch_interval,
-            stream_signals=stream_signals,
-        )
+        try:
+            self._engine = CompletionEngine(
+                engine_backend,
+                device,
+                python_host_switch_interval=python_host_switch_interval,
+                stream_signals=stream_signals,
+                await_poll_us=await_poll_us,
+            )
+        except BaseException:  # a bad option: nothing else was started
+            self.releaser.close()
+            raise
         try:
             self._host_allocator = self._make_allocator(host_allocator, HOST)
             try:

@@ -21,6 +21,9 @@ with the engine's first lane) that falls back to non-blocking queries:
   runs), and the lane's thread, possibly blocked in the driver forever, is
   abandoned. Work pushed onto that lane later fails at once with the same
   error.
+* Each check also wakes a lane thread left asleep with work queued (work
+  pushed on an event loop's thread defers that wake-up to the loop's next
+  iteration, which a loop that stops may never run).
 * While nothing is queued it sleeps on a condition variable without a
   timeout: zero wake-ups when idle. The first push after that wakes it
   (producers check one flag; no lock on their path otherwise).
@@ -119,6 +122,7 @@ class Watchdog:
             head = lane.head()
             if head is None:
                 continue
+            lane.nudge()  # work pushed on a loop that stopped before waking the lane (see _Lane.push)
             previous = self._seen.get(lane)
             since = previous[1] if previous is not None and previous[0] is head else now
             seen[lane] = (head, since)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+import time
 import weakref
+from collections.abc import Iterator
 
 import pytest
 
@@ -256,3 +258,108 @@ def test_runtime_close_drains_pending_completions(backend: str) -> None:
     runtime.close()
     assert all(c is not None and c.is_done for c in cs)
     assert cs[1].result() == "done"  # type: ignore[union-attr]
+
+
+# -- awaits polled from the event loop (open_runtime(await_poll_us=...)) ------------------------------------
+@pytest.fixture
+def polling_rt(backend: str) -> Iterator[srt.Runtime]:
+    """A runtime whose awaits poll for up to 1 s: long enough for any backend to finish tiny work."""
+    runtime = srt.open_runtime(backend, await_poll_us=1e6)
+    try:
+        yield runtime
+    finally:
+        runtime.close()
+
+
+def _hold_lane_thread(rt: srt.Runtime, s: srt.Stream, seconds: float) -> tuple[object, object]:
+    """Register a stand-in poller on ``s``'s lane: its thread starts no driver wait for ``seconds``."""
+    s.wait_idle().wait(10)  # the lane exists and is idle
+    rt._engine.drain()
+    lane = rt._engine._lane(s.handle)
+    holder = object()
+    lane.pollers[holder] = time.perf_counter_ns() + int(seconds * 1e9)  # type: ignore[index]
+    return lane, holder
+
+
+def test_an_awaiting_loop_retires_the_work_itself_in_stream_order(polling_rt: srt.Runtime) -> None:
+    rt = polling_rt
+    s = rt.create_stream()
+    d = rt.device_allocator.allocate(1 << 16, stream=s)
+    lane, holder = _hold_lane_thread(rt, s, 60.0)  # so only the awaiting loop can retire anything
+    try:
+        order: list[int] = []
+        threads: set[int] = set()
+        cs = []
+        for i in range(5):
+            s.memset(d, i)
+            c = s.wait_idle()
+            c.add_done_callback(lambda _c, i=i: (order.append(i), threads.add(threading.get_ident())))
+            cs.append(c)
+        host = s.launch_host_func(lambda: "ran")
+        tail = s.wait_idle()
+
+        async def main() -> int:
+            assert await host == "ran"  # type: ignore[misc]
+            await tail
+            return threading.get_ident()
+
+        loop_thread = asyncio.run(asyncio.wait_for(main(), 30))
+        assert order == list(range(5))
+        assert threads == {loop_thread}  # not a lane thread: the loop polled them
+        assert all(c.is_done for c in cs)
+    finally:
+        lane.end_poll(holder)  # type: ignore[attr-defined]
+    from streamrt._completion import _pollers
+
+    assert not _pollers and not lane.pollers  # type: ignore[attr-defined]  # nothing left registered
+    rt._engine.drain()
+    assert rt._engine.statistics().pending == 0
+
+
+def test_the_lane_thread_takes_over_when_polling_ends(polling_rt: srt.Runtime) -> None:
+    rt = polling_rt
+    s = rt.create_stream()
+    lane, holder = _hold_lane_thread(rt, s, 60.0)
+    c = s.wait_idle()
+    thread: list[int] = []
+    c.add_done_callback(lambda _c: thread.append(threading.get_ident()))
+    lane.end_poll(holder)  # type: ignore[attr-defined]
+    c.wait(10)
+    assert thread and thread[0] != threading.get_ident()
+
+
+def test_a_poller_left_behind_by_a_stopped_loop_holds_the_lane_no_longer_than_its_deadline(polling_rt: srt.Runtime) -> None:
+    rt = polling_rt
+    s = rt.create_stream()
+    _hold_lane_thread(rt, s, 0.2)  # never ended, as when a loop stops with its poller scheduled
+    c = s.wait_idle()
+    c.wait(10)  # the lane thread resumed at the deadline
+    assert c.is_done
+
+
+def test_await_poll_us_zero_leaves_awaits_to_the_lane_threads(backend: str) -> None:
+    from streamrt._completion import _pollers
+
+    with srt.open_runtime(backend, await_poll_us=0) as rt:
+        s = rt.create_stream()
+        d = rt.device_allocator.allocate(1 << 16, stream=s)
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            for i in range(20):
+                s.memset(d, i)
+                task = asyncio.ensure_future(_await(s.wait_idle()))
+                await asyncio.sleep(0)
+                assert loop not in _pollers
+                await task
+
+        asyncio.run(main())
+
+
+@pytest.mark.parametrize("value", [-1, 1e7, True, "50"])
+def test_await_poll_us_is_checked(value: object) -> None:
+    before = set(threading.enumerate())
+    with pytest.raises(ValueError, match="await_poll_us"):
+        srt.open_runtime("sim", await_poll_us=value)  # type: ignore[arg-type]
+    left = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+    assert not left, f"a refused runtime left threads running: {left}"

@@ -268,3 +268,57 @@ def test_an_abandoned_await_closed_by_the_garbage_collector_does_not_take_the_st
     with guard:  # as if a GC pass ran inside a locked section on this thread
         task.get_coro().close()
     assert not guard.reentered
+
+
+# -- work pushed on a loop's thread: the lane thread's wake-up waits for the loop's next iteration ----------
+def _push_and_stop(engine: CompletionEngine, stream: int) -> Completion:
+    """Watch ``stream`` on a loop's thread, and stop and close the loop before its next iteration."""
+    loop = asyncio.new_event_loop()
+    box: list[Completion] = []
+
+    def step() -> None:
+        box.append(engine.completion_for_stream(stream))
+        loop.stop()  # the deferred wake-up was scheduled for the next iteration, which never runs
+
+    loop.call_soon(step)
+    loop.run_forever()
+    loop.close()
+    return box[0]
+
+
+def test_work_pushed_on_a_loop_and_not_awaited_retires_on_the_loops_next_iteration(harness: Harness) -> None:
+    engine = harness.engine(watchdog_interval=None)
+    s = harness.stream()
+    retired = threading.Event()
+    threads: list[int] = []
+
+    async def main() -> bool:
+        c = engine.completion_for_stream(s)
+        c.add_done_callback(lambda _c: (threads.append(threading.get_ident()), retired.set()))
+        await asyncio.sleep(0)  # the loop's next iteration wakes the lane thread: nobody polls the lane
+        return await asyncio.get_running_loop().run_in_executor(None, retired.wait, 10)
+
+    assert asyncio.run(main())
+    assert threads[0] != threading.get_ident()  # the lane thread retired it
+
+
+def test_a_thread_waiting_wakes_a_lane_left_asleep_by_a_stopped_loop(harness: Harness) -> None:
+    engine = harness.engine(watchdog_interval=None)
+    c = _push_and_stop(engine, harness.stream())
+    c.wait(10)  # Completion.wait wakes the lane
+    assert c.is_done
+
+
+def test_the_watchdog_wakes_a_lane_left_asleep_by_a_stopped_loop(harness: Harness) -> None:
+    engine = harness.engine(watchdog_interval=0.05)
+    c = _push_and_stop(engine, harness.stream())
+    retired = threading.Event()
+    c.add_done_callback(lambda _c: retired.set())
+    assert retired.wait(10)  # nobody waits: the watchdog's check woke the lane
+
+
+def test_drain_wakes_a_lane_left_asleep_by_a_stopped_loop(harness: Harness) -> None:
+    engine = harness.engine(watchdog_interval=None)
+    c = _push_and_stop(engine, harness.stream())
+    engine.drain(timeout=10)
+    assert c.is_done

@@ -189,6 +189,76 @@ def _hold_lane(engine: CompletionEngine, backend: Any, stream: int) -> tuple[thr
     return release, ev
 
 
+class GatedWaits:
+    """The sim backend whose ``event_synchronize`` returns only once :attr:`release` is set (after the real wait)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.release = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def event_synchronize(self, event: int) -> None:
+        self._inner.event_synchronize(event)
+        self.release.wait(10)
+
+
+def test_polling_leaves_the_entry_the_lane_thread_waits_on_to_it(harness: Harness) -> None:
+    backend = GatedWaits(harness.backend)
+    engine = harness.engine(backend)
+    s = harness.stream()
+    first, second = engine.completion_for_stream(s), engine.completion_for_stream(s)
+    lane = engine._lane(s)
+    assert wait_until(lambda: lane._waiting is not None)  # the lane thread is in the driver wait on `first`
+    harness.backend.stream_synchronize(s)  # both events are complete now
+    assert lane.poll() is True  # still queued: the waited-on entry (and so what follows it) stays
+    assert not first.is_done and not second.is_done
+    pool_before = len(engine._pool)
+    backend.release.set()
+    first.wait(5)
+    second.wait(5)
+    assert len(engine._pool) == pool_before + 2  # both events pooled once, by the lane thread
+    assert lane.poll() is False  # nothing queued: a poller drops the lane
+
+
+def test_polling_retires_nothing_while_another_thread_retires(harness: Harness, engine: CompletionEngine) -> None:
+    s = harness.stream()
+    release, ev = _hold_lane(engine, harness.backend, s)  # the lane thread is inside a retirement
+    try:
+        c = engine.completion_for_stream(s)
+        harness.backend.stream_synchronize(s)
+        lane = engine._lane(s)
+        assert lane.poll() is True and not c.is_done
+    finally:
+        release.set()
+    c.wait(5)
+    harness.backend.event_destroy(ev)
+
+
+def test_a_poll_retires_done_entries_in_order_on_the_calling_thread(harness: Harness, engine: CompletionEngine) -> None:
+    s = harness.stream()
+    engine.completion_for_stream(s).wait(5)
+    engine.drain()
+    lane = engine._lane(s)
+    holder = object()
+    lane.pollers[holder] = time.perf_counter_ns() + int(60e9)  # type: ignore[index]  # the lane thread stays asleep
+    try:
+        gate = harness.gate(s)
+        seen: list[tuple[int, int]] = []
+        cs = [engine.completion_for_stream(s) for _ in range(4)]
+        for i, c in enumerate(cs):
+            c.add_done_callback(lambda _c, i=i: seen.append((i, threading.get_ident())))
+        assert lane.poll() is True and not seen  # behind the gate: nothing is done
+        gate.open()
+        harness.backend.stream_synchronize(s)
+        assert lane.poll() is False  # all retired, queue empty
+        assert seen == [(i, threading.get_ident()) for i in range(4)]
+    finally:
+        lane.end_poll(holder)  # type: ignore[arg-type]
+    assert engine.statistics().pending == 0
+
+
 def test_a_lane_retires_everything_behind_a_done_newest_event_after_one_query(harness: Harness) -> None:
     """Events of a lane complete in stream order: when the newest is done, so is the rest."""
     counting = CountingQueries(harness.backend)
