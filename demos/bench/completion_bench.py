@@ -8,12 +8,15 @@ What it measures, side by side, interleaving variants and repeating rounds
 (DESIGN §9: single runs differ by 2x):
 
 * ``await latency``: launch (a 4-byte memset) to a resumed coroutine, idle
-  device, one at a time: streamrt ``await stream.wait_idle()`` (blocking-sync
-  event + lane thread) against a plain bridge (a Python ctypes host function
+  device, one at a time: streamrt ``await stream.wait_idle()`` as by default
+  (the loop polls the event for ``await_poll_us``, then the lane thread's
+  blocking-sync wait takes over) and with ``await_poll_us=0`` ("lanes only":
+  the lane thread alone, then a cross-thread wake-up of the loop) against a plain bridge (a Python ctypes host function
   on the driver thread calling ``loop.call_soon_threadsafe``) and, when
   numba-cuda is installed and the backend is cuda, numba's
   ``stream.async_done()``. Median and p99, in µs. Under asyncio and uvloop.
-* ``sustained completions/s``: 64 tasks awaiting ``wait_idle()`` on 8 streams.
+* ``sustained completions/s``: 64 tasks awaiting ``wait_idle()`` on 8 streams,
+  both streamrt variants.
 * ``host-function stall``: GPU time between two timing events around one host
   function while the main thread is busy in Python: a native no-op (libc
   ``sem_post``), a Python function through streamrt (worker thread, the
@@ -30,6 +33,8 @@ What it measures, side by side, interleaving variants and repeating rounds
   Python one: that is the enqueue cost, measured by enqueue_cost.py). The
   rows marked ``as enqueued`` time the same without the hold, as runs before
   2026-11-29's run 27 did.
+* ``loop CPU per await``: CPU µs of the loop's thread per ``await`` of 1 ms of
+  GPU work (a spin kernel), both streamrt variants: what the polling costs.
 * ``idle CPU``: CPU seconds used by the completion threads during 1 s idle.
 
 On the sim backend the stall figures are virtual time and the rest is real
@@ -56,6 +61,7 @@ from typing import Any
 
 
 import streamrt as srt
+from streamrt._completion import DEFAULT_AWAIT_POLL_US
 from streamrt._hostcall import DEFAULT_SWITCH_INTERVAL
 from streamrt._native import SEM_WAIT_ADDRESS, Semaphore
 
@@ -314,6 +320,17 @@ def _idle_cpu(rt: srt.Runtime) -> float | None:
     return sum(_thread_cpu_s(i) for i in ids) - before
 
 
+async def _loop_cpu_per_await(s: srt.Stream, rt: srt.Runtime, n: int) -> float:
+    """CPU µs the loop's thread spends per ``await`` of 1 ms of GPU work (polling included)."""
+    cpu = 0.0
+    for _ in range(n):
+        rt.kernels.spin_sleep(s, 1000.0)
+        t0 = time.thread_time()
+        await s.wait_idle()
+        cpu += time.thread_time() - t0
+    return cpu / n * 1e6
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", default="auto")
@@ -323,17 +340,27 @@ def main() -> None:
     args = ap.parse_args()
 
     report: dict[str, Any] = {"python": sys.version.split()[0]}
-    with srt.open_runtime(args.backend) as rt:
+    with srt.open_runtime(args.backend) as rt, srt.open_runtime(args.backend, await_poll_us=0) as rt_lanes:
         report["backend"] = rt.backend_name
         report["device"] = rt.capabilities.device_name
+        report["await_poll_us"] = DEFAULT_AWAIT_POLL_US
         s = rt.create_stream()
         d = rt.device_allocator.allocate(4, stream=s)
+        s_lanes = rt_lanes.create_stream()
+        d_lanes = rt_lanes.device_allocator.allocate(4, stream=s_lanes)
+        # "streamrt": the default (the loop polls for await_poll_us); "streamrt, lanes only": await_poll_us=0
+        variants = (
+            ("streamrt", _latency_streamrt, rt, s, d),
+            ("streamrt, lanes only", _latency_streamrt, rt_lanes, s_lanes, d_lanes),
+            ("bridge", _latency_bridge, rt, s, d),
+            ("numba", _latency_numba, rt, s, d),
+        )
         latency: dict[str, list[float]] = {}
         for _ in range(args.rounds):
             for loop_kind in ("asyncio", "uvloop"):
-                for name, fn in (("streamrt", _latency_streamrt), ("bridge", _latency_bridge), ("numba", _latency_numba)):
+                for name, fn, runtime, stream, buf in variants:
                     try:
-                        xs = _run(loop_kind, fn(rt, s, d, args.n))
+                        xs = _run(loop_kind, fn(runtime, stream, buf, args.n))
                     except Exception as exc:  # a peer that fails here is reported, not fatal
                         report.setdefault("unavailable", {})[name] = f"{type(exc).__name__}: {exc}"
                         continue
@@ -341,10 +368,21 @@ def main() -> None:
                         latency.setdefault(f"{name} [{loop_kind}]", []).extend(xs[10:])
         report["await_latency"] = {k: _summary(v) for k, v in latency.items()}
         streams = [rt.create_stream() for _ in range(8)]
-        report["sustained_completions_per_s"] = {
-            loop_kind: round(max(_run(loop_kind, _throughput(rt, streams, 1.0)) for _ in range(args.rounds)))
-            for loop_kind in ("asyncio", "uvloop")
-        }
+        streams_lanes = [rt_lanes.create_stream() for _ in range(8)]
+        sustained: dict[str, int] = {}
+        for _ in range(args.rounds):
+            for loop_kind in ("asyncio", "uvloop"):
+                for name, runtime, group in (("streamrt", rt, streams), ("streamrt, lanes only", rt_lanes, streams_lanes)):
+                    key = f"{name} [{loop_kind}]"
+                    sustained[key] = max(sustained.get(key, 0), round(_run(loop_kind, _throughput(runtime, group, 1.0))))
+        report["sustained_completions_per_s"] = sustained
+        try:  # what the polling costs the loop's thread when the work takes long
+            report["loop_cpu_us_per_1ms_await"] = {
+                name: round(_run("asyncio", _loop_cpu_per_await(stream, runtime, 200)), 1)
+                for name, _fn, runtime, stream, _buf in variants[:2]
+            }
+        except Exception as exc:  # noqa: BLE001 - no spin kernel on this backend
+            report.setdefault("unavailable", {})["loop_cpu_us_per_1ms_await"] = f"{type(exc).__name__}: {exc}"
         report["fire_and_forget_completions_per_s"] = round(
             max(_fire_and_forget(rt, streams, 50_000) for _ in range(args.rounds))
         )
