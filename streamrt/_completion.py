@@ -19,10 +19,11 @@ resolved Completions:
   batch (``loop.call_soon_threadsafe``). An idle lane sleeps on a lock: no
   polling.
 * **Polling awaits.** For ``await_poll_us`` after an ``await`` of pending
-  work begins, the awaiting loop's thread polls the work's lanes itself
-  (:class:`_AwaitPoller`, :meth:`_Lane.poll`) and retires what is complete,
-  as a lane would; the lane thread sleeps meanwhile. This saves the lane's
-  and the loop's cross-thread wake-ups for short work.
+  work begins, the awaiting task polls the work's lanes itself, once per
+  turn of its loop (:meth:`Completion._poll_lanes`, :meth:`_Lane.poll`), and
+  retires what is complete, as a lane would; the lane thread naps
+  meanwhile. This saves the lane's and the loop's cross-thread wake-ups for
+  short work.
 * **Host calls.** Python host functions run on worker threads (see
   :mod:`streamrt._hostcall`); driver threads only run libc ``sem_post`` /
   ``sem_wait``.
@@ -120,7 +121,7 @@ class _LoopNotifier:
     def post(self, loop: asyncio.AbstractEventLoop, futures: list[asyncio.Future[None]]) -> None:
         """Have ``loop`` set ``futures`` (a list the notifier may extend) soon; any thread.
 
-        On ``loop``'s own thread (an await's poller retired the work) they are
+        On ``loop``'s own thread (an awaiting task retired the work) they are
         set at once, unless an earlier post to the loop is still pending: they
         then join it, so awaiters resume in the order their work retired.
         """
@@ -176,81 +177,9 @@ _default_notifier = _LoopNotifier()
 
 #: How long an await polls its lanes from the event loop by default (``open_runtime(await_poll_us=...)``).
 DEFAULT_AWAIT_POLL_US = 50.0
+#: A lane is queried at most once per this many ns however many tasks poll it.
+_POLL_GAP_NS = 2_000
 
-
-class _AwaitPoller:
-    """Retires, on one event loop's thread, the work its tasks await, for a short while after each await.
-
-    An ``await`` of a pending Completion resolved by lanes (a stream's work,
-    a host call, a Run) registers those lanes here for the engine's
-    ``await_poll_us``. While a registration is live the poller runs as a loop
-    callback, re-scheduled with ``call_soon`` (so the loop never blocks, and
-    its other callbacks and I/O run between two polls), and has each lane
-    retire what ``event_query`` reports complete, in stream order, on this
-    thread (:meth:`_Lane.poll`). The task then resumes without the two
-    cross-thread wake-ups of the lane path (the lane thread's, then the
-    loop's). Meanwhile the lane thread stays asleep instead of waiting in the
-    driver, so an event is never retired here while a driver wait is on it.
-    A registration ends when the awaited Completion is resolved, its lane has
-    nothing queued, or its time is up; the lane thread then takes over again.
-    The loop thread only spins while it has an await younger than
-    ``await_poll_us``; an idle loop sleeps as before.
-
-    One poller per loop, made on demand and dropped when it has nothing left;
-    only the loop's thread touches it.
-    """
-
-    __slots__ = ("_lanes", "_loop", "_scheduled")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._lanes: dict[_Lane, tuple[int, Completion]] = {}  # lane -> (deadline ns, the latest await on it)
-        self._scheduled = False
-
-    def add(self, completion: Completion, deadline: int) -> None:
-        lanes = self._lanes
-        for lane in completion._lanes:
-            lane.pollers[self] = deadline
-            lanes[lane] = (deadline, completion)
-        if not self._scheduled:
-            self._scheduled = True
-            self._loop.call_soon(self._run)
-
-    def _run(self) -> None:
-        now = _perf_counter_ns()
-        lanes = self._lanes
-        for lane, (deadline, awaited) in list(lanes.items()):
-            # (awaited is checked again after the poll, which may have retired it)
-            if now > deadline or awaited._done or not lane.poll() or awaited._done:
-                del lanes[lane]
-                lane.end_poll(self)
-        if lanes:
-            self._loop.call_soon(self._run)
-            return
-        self._scheduled = False
-        if _pollers.get(self._loop) is self:
-            del _pollers[self._loop]
-
-
-# loop -> its poller, while it polls. Each entry is touched by its loop's thread only.
-_pollers: dict[asyncio.AbstractEventLoop, _AwaitPoller] = {}
-
-
-def _poll_while_awaited(loop: asyncio.AbstractEventLoop, completion: Completion) -> None:
-    """On ``loop``'s thread, as ``completion`` is awaited: poll its lanes for the engine's ``await_poll_us``."""
-    poll_ns = completion._lanes[0]._engine._await_poll_ns
-    if not poll_ns:
-        return
-    poller = _pollers.get(loop)
-    if poller is None:
-        if len(_pollers) > 4:  # a loop closed while its poller was scheduled leaves an entry: drop those
-            for other, stale in list(_pollers.items()):
-                if other.is_closed():
-                    _pollers.pop(other, None)
-                    for lane in stale._lanes:
-                        lane.end_poll(stale)
-        poller = _pollers[loop] = _AwaitPoller(loop)
-    poller.add(completion, _perf_counter_ns() + poll_ns)
 
 PostBatch = dict[asyncio.AbstractEventLoop, list["asyncio.Future[None]"]]  # filled while one lane batch retires
 
@@ -303,7 +232,7 @@ class Completion:
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] | None = None
         self._event: threading.Event | None = None
         self._notifier: _LoopNotifier = _default_notifier
-        self._lanes: tuple[_Lane, ...] = ()  # the lanes that resolve it: an await polls them (see _AwaitPoller)
+        self._lanes: tuple[_Lane, ...] = ()  # the lanes that resolve it: an await polls them (_poll_lanes)
         self._log_unretrieved = False
 
     # -- observing ---------------------------------------------------------------
@@ -364,6 +293,8 @@ class Completion:
         _run_callback(fn, self)
 
     def __await__(self) -> Generator[Any, None, Any]:
+        if not self._done and self._lanes:
+            yield from self._poll_lanes()
         if not self._done:
             loop = asyncio.get_running_loop()
             fut: asyncio.Future[None] = loop.create_future()
@@ -375,8 +306,6 @@ class Completion:
                     self._waiters.append((loop, fut))
                     registered = True
             if registered:
-                if self._lanes:
-                    _poll_while_awaited(loop, self)
                 try:
                     yield from fut
                 except asyncio.CancelledError:
@@ -388,6 +317,36 @@ class Completion:
                     self._forget_waiter(fut)
                     raise
         return self.result()
+
+    def _poll_lanes(self) -> Generator[None, None, None]:
+        """The first ``await_poll_us`` of an await: the task polls the lanes that resolve this Completion.
+
+        Each turn, each lane retires what ``event_query`` reports complete on
+        this thread (:meth:`_Lane.poll`: in stream order, as its own thread
+        would); then the task yields one iteration of its loop (a bare
+        ``yield``, as ``asyncio.sleep(0)`` does: the loop's other callbacks and
+        I/O run in between, and it never blocks). While registered in the
+        lanes' ``pollers``, their threads nap instead of starting a driver
+        wait. Returns once resolved or when the time is up.
+        """
+        lanes = self._lanes
+        poll_ns = lanes[0]._engine._await_poll_ns
+        if not poll_ns:
+            return
+        deadline = _perf_counter_ns() + poll_ns
+        key = object()  # this await's registration
+        for lane in lanes:
+            lane.pollers[key] = deadline
+        try:
+            while True:
+                for lane in lanes:
+                    lane.poll()
+                if self._done or _perf_counter_ns() > deadline:
+                    return
+                yield  # one turn of the event loop
+        finally:  # resolved, out of time, cancelled or closed: the lane threads take over
+            for lane in lanes:
+                lane.end_poll(key)
 
     def _forget_waiter(self, fut: asyncio.Future[None]) -> None:
         """Unregister the loop future of an await that ended before resolution (no-op if resolved)."""
@@ -556,10 +515,10 @@ class _Lane:
     ``_cond`` is only for :meth:`wait_idle` (drain), notified when drainers
     exist.
 
-    Polling. While an awaiting loop's poller is registered in
-    :attr:`pollers` with a deadline ahead, the lane thread naps (a timed
-    sleep, ``_napping``) instead of choosing an entry to wait on, and the
-    poller retires entries with :meth:`poll`. Whoever retires holds
+    Polling. While an awaiting task is registered in :attr:`pollers` with a
+    deadline ahead, the lane thread naps (a timed sleep, ``_napping``)
+    instead of choosing an entry to wait on, and the task retires entries
+    with :meth:`poll`. Whoever retires holds
     ``_retire_lock`` from taking entries until they are retired, so batches
     retire in order; the lane thread also holds it to choose its
     ``_waiting`` entry, which :meth:`poll` then leaves to it: an event is
@@ -593,15 +552,16 @@ class _Lane:
         self._stopping = False
         self._exited = False
         self._busy = 0  # entries popped and not yet retired (by the one thread retiring)
-        # Held by whoever retires (the lane thread, or an awaiting loop's poller) from taking
+        # Held by whoever retires (the lane thread, or an awaiting task polling) from taking
         # entries until they are retired, so batches retire in order; and by the lane thread to
-        # choose the entry it waits on (_waiting), which a poller then leaves to it.
+        # choose the entry it waits on (_waiting), which a polling task then leaves to it.
         self._retire_lock = threading.Lock()
         self._waiting: _Entry | None = None
-        # Awaiting loops' pollers (_AwaitPoller) polling this lane, with their deadlines (perf
-        # counter ns): until the last deadline the lane thread sleeps instead of starting a driver
-        # wait. Only the deadline is trusted: a loop may stop with its poller still registered.
-        self.pollers: dict[_AwaitPoller, int] = {}
+        # Awaits polling this lane (Completion._poll_lanes), with their deadlines (perf counter
+        # ns): until the last deadline the lane thread naps instead of starting a driver wait.
+        # Only the deadline is trusted: a loop may stop with an await still registered.
+        self.pollers: dict[object, int] = {}
+        self._polled_ns = 0  # when poll() last queried (awaits of one lane share the queries)
         self._cond = threading.Condition(threading.RLock())
         self._drainers = 0
         self.retired = 0
@@ -636,8 +596,8 @@ class _Lane:
                 self._signal()
             elif not self._wake_scheduled:
                 # Pushed on an event loop's thread: the work is likely awaited next, and the
-                # await's poller retires it there. Wake the lane thread on the loop's next
-                # iteration only if no poller took the lane by then (waking it now would have
+                # awaiting task polls and retires it there. Wake the lane thread on the loop's next
+                # iteration only if no await took the lane by then (waking it now would have
                 # it contend for the GIL with the polling loop). A loop that stops before
                 # that iteration leaves the wake to Completion.wait, drain and the watchdog.
                 self._wake_scheduled = True
@@ -656,15 +616,20 @@ class _Lane:
     def poll(self) -> bool:
         """Retire, on the calling thread, the queued entries whose events are complete. Never blocks.
 
-        For an awaiting loop's poller (which registered in :attr:`pollers`
-        first). Retires nothing if another thread is retiring, or if the
-        oldest entry is the one the lane thread is waiting on in the driver
-        (it retires it when the wait returns). Returns ``False`` once nothing
-        is queued (or the lane failed): polling it further is pointless.
+        For an awaiting task (registered in :attr:`pollers` first). Retires
+        nothing if another thread is retiring, if the oldest entry is the one
+        the lane thread is waiting on in the driver (it retires it when the
+        wait returns), or if the lane was queried less than 2 µs ago (many
+        tasks awaiting one lane share its queries). Returns ``False`` once
+        nothing is queued (or the lane failed).
         """
         queue = self._queue
         if not queue or self.dead is not None:
             return False
+        now = _perf_counter_ns()
+        if now - self._polled_ns < _POLL_GAP_NS:
+            return True
+        self._polled_ns = now
         if not self._retire_lock.acquire(blocking=False):
             return True
         try:
@@ -681,9 +646,9 @@ class _Lane:
         finally:
             self._retire_lock.release()
 
-    def end_poll(self, poller: _AwaitPoller) -> None:
-        """``poller`` stops polling this lane: the lane thread resumes its waits if it was the last."""
-        self.pollers.pop(poller, None)
+    def end_poll(self, key: object) -> None:
+        """The await registered as ``key`` stops polling: the lane thread resumes its waits if it was the last."""
+        self.pollers.pop(key, None)
         self.nudge()
 
     def nudge(self) -> None:
@@ -795,7 +760,7 @@ class _Lane:
                     wake.acquire()  # GIL released while blocked
                 self._sleeping = False
                 continue
-            if pollers and not self._stopping:  # an awaiting loop retires this lane's work meanwhile
+            if pollers and not self._stopping:  # an awaiting task retires this lane's work meanwhile
                 left = max(pollers.values(), default=0) - _perf_counter_ns()
                 if left > 0:
                     self._napping = self._sleeping = True
@@ -808,7 +773,7 @@ class _Lane:
                     continue
                 try:
                     head = queue[0]
-                except IndexError:  # retired by a poller, or failed and emptied by the watchdog
+                except IndexError:  # retired by an awaiting task, or failed and emptied by the watchdog
                     continue
                 self._waiting = head
             error: BaseException | None = setup_error
@@ -960,7 +925,7 @@ class CompletionEngine:
         watchdog_threshold: a lane's oldest entry must have been waited for
             this long before the watchdog queries its event.
         await_poll_us: how long an ``await`` of a pending Completion polls
-            its lanes from the event loop's thread (see :class:`_AwaitPoller`);
+            its lanes from the awaiting task (see ``Completion._poll_lanes``);
             0 leaves every await to the lane threads.
     """
 

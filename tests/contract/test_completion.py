@@ -272,7 +272,7 @@ def polling_rt(backend: str) -> Iterator[srt.Runtime]:
 
 
 def _hold_lane_thread(rt: srt.Runtime, s: srt.Stream, seconds: float) -> tuple[object, object]:
-    """Register a stand-in poller on ``s``'s lane: its thread starts no driver wait for ``seconds``."""
+    """Register a stand-in polling await on ``s``'s lane: its thread starts no driver wait for ``seconds``."""
     s.wait_idle().wait(10)  # the lane exists and is idle
     rt._engine.drain()
     lane = rt._engine._lane(s.handle)
@@ -309,9 +309,7 @@ def test_an_awaiting_loop_retires_the_work_itself_in_stream_order(polling_rt: sr
         assert all(c.is_done for c in cs)
     finally:
         lane.end_poll(holder)  # type: ignore[attr-defined]
-    from streamrt._completion import _pollers
-
-    assert not _pollers and not lane.pollers  # type: ignore[attr-defined]  # nothing left registered
+    assert not lane.pollers  # type: ignore[attr-defined]  # nothing left registered
     rt._engine.drain()
     assert rt._engine.statistics().pending == 0
 
@@ -328,29 +326,27 @@ def test_the_lane_thread_takes_over_when_polling_ends(polling_rt: srt.Runtime) -
     assert thread and thread[0] != threading.get_ident()
 
 
-def test_a_poller_left_behind_by_a_stopped_loop_holds_the_lane_no_longer_than_its_deadline(polling_rt: srt.Runtime) -> None:
+def test_an_await_left_behind_by_a_stopped_loop_holds_the_lane_no_longer_than_its_deadline(polling_rt: srt.Runtime) -> None:
     rt = polling_rt
     s = rt.create_stream()
-    _hold_lane_thread(rt, s, 0.2)  # never ended, as when a loop stops with its poller scheduled
+    _hold_lane_thread(rt, s, 0.2)  # never ended, as when a loop stops while a task polls
     c = s.wait_idle()
     c.wait(10)  # the lane thread resumed at the deadline
     assert c.is_done
 
 
 def test_await_poll_us_zero_leaves_awaits_to_the_lane_threads(backend: str) -> None:
-    from streamrt._completion import _pollers
-
     with srt.open_runtime(backend, await_poll_us=0) as rt:
         s = rt.create_stream()
         d = rt.device_allocator.allocate(1 << 16, stream=s)
+        lane = rt._engine._lane(s.handle)
 
         async def main() -> None:
-            loop = asyncio.get_running_loop()
             for i in range(20):
                 s.memset(d, i)
                 task = asyncio.ensure_future(_await(s.wait_idle()))
                 await asyncio.sleep(0)
-                assert loop not in _pollers
+                assert not lane.pollers  # nothing registered: the lane thread waits
                 await task
 
         asyncio.run(main())

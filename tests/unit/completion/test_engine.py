@@ -219,7 +219,7 @@ def test_polling_leaves_the_entry_the_lane_thread_waits_on_to_it(harness: Harnes
     first.wait(5)
     second.wait(5)
     assert len(engine._pool) == pool_before + 2  # both events pooled once, by the lane thread
-    assert lane.poll() is False  # nothing queued: a poller drops the lane
+    assert lane.poll() is False  # nothing queued
 
 
 def test_polling_retires_nothing_while_another_thread_retires(harness: Harness, engine: CompletionEngine) -> None:
