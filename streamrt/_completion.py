@@ -46,9 +46,11 @@ Thread rules: ``CompletionEngine`` methods may be called from any thread
 except :meth:`~CompletionEngine.drain` and :meth:`~CompletionEngine.close`,
 which must not be called from the engine's own threads (they would wait for
 themselves; they raise ``RuntimeError``). Callbacks given to the engine run on
-lane or worker threads (or the watchdog thread, or at once on the pushing
-thread for work watched on a lane the watchdog failed) and must be short and
-must not block on GPU work.
+lane or worker threads (or the watchdog thread, or the thread of an event
+loop whose awaiting task polls the work, or at once on the pushing thread for
+work watched on a lane the watchdog failed) and must be short and must not
+block on GPU work; ``drain`` and ``close`` from a callback run by a polling
+task raise ``RuntimeError`` as on the engine's threads.
 """
 
 from __future__ import annotations
@@ -179,6 +181,8 @@ _default_notifier = _LoopNotifier()
 DEFAULT_AWAIT_POLL_US = 50.0
 #: A lane is queried at most once per this many ns however many tasks poll it.
 _POLL_GAP_NS = 2_000
+# .engine: the engine whose work the calling thread retires for a polling await (else absent/None)
+_polling = threading.local()
 
 
 PostBatch = dict[asyncio.AbstractEventLoop, list["asyncio.Future[None]"]]  # filled while one lane batch retires
@@ -641,7 +645,12 @@ class _Lane:
                     return True
                 self._take_done(queue, self._engine._backend.event_query, batch)
             if batch:
-                self._retire(batch, None)
+                outer = getattr(_polling, "engine", None)
+                _polling.engine = self._engine  # callbacks run here count as the engine's (owns_thread)
+                try:
+                    self._retire(batch, None)
+                finally:
+                    _polling.engine = outer
             return bool(queue)
         finally:
             self._retire_lock.release()
@@ -1047,7 +1056,13 @@ class CompletionEngine:
         thread._streamrt_engine = self  # type: ignore[attr-defined]
 
     def owns_thread(self, thread: threading.Thread | None = None) -> bool:
-        """``True`` if ``thread`` (default: the calling thread) is one of this engine's lanes or workers."""
+        """``True`` if ``thread`` (default: the calling thread) is one of this engine's lanes or workers.
+
+        The calling thread also counts while it retires this engine's work for
+        an await that polls (its done callbacks run there).
+        """
+        if thread is None and getattr(_polling, "engine", None) is self:
+            return True
         t = threading.current_thread() if thread is None else thread
         return getattr(t, "_streamrt_engine", None) is self
 

@@ -359,3 +359,25 @@ def test_await_poll_us_is_checked(value: object) -> None:
         srt.open_runtime("sim", await_poll_us=value)  # type: ignore[arg-type]
     left = [t for t in threading.enumerate() if t not in before and t.is_alive()]
     assert not left, f"a refused runtime left threads running: {left}"
+
+
+def test_close_from_a_done_callback_run_by_a_polling_await_is_refused(polling_rt: srt.Runtime) -> None:
+    rt = polling_rt
+    s = rt.create_stream()
+    lane, holder = _hold_lane_thread(rt, s, 60.0)  # so the awaiting loop retires the work
+    try:
+        refused: list[BaseException] = []
+
+        def close_now(_c: object) -> None:
+            try:
+                rt.close()
+            except RuntimeError as exc:
+                refused.append(exc)
+
+        c = s.wait_idle()
+        c.add_done_callback(close_now)
+        asyncio.run(asyncio.wait_for(_await(c), 30))
+        assert refused and "wait for itself" in str(refused[0])
+        assert not rt.is_closed
+    finally:
+        lane.end_poll(holder)  # type: ignore[attr-defined]
