@@ -82,6 +82,20 @@ def test_fork_runs_the_round_trip_on_a_side_stream(rt: srt.Runtime) -> None:
     single.wait(10)
 
 
+def test_an_await_of_a_fork_run_polls_the_lane_of_every_stream_it_used(rt: srt.Runtime) -> None:
+    s = rt.create_stream()
+    p, *_ = _round_trip(rt, s)
+    run = p.launch(s, policy="fork")
+    lanes = {rt._engine._lane(x.handle) for x in run.streams}
+    assert len(lanes) == 2 and set(run._lanes) == lanes  # the side stream's host call resolves on its lane
+    assert asyncio.run(asyncio.wait_for(_await(run), 30)) is None
+    assert not any(lane.pollers for lane in lanes)
+
+
+async def _await(obj: object) -> object:
+    return await obj  # type: ignore[misc]
+
+
 def test_fork_without_join_is_joined_later(rt: srt.Runtime) -> None:
     s = rt.create_stream()
     n = 256
