@@ -65,6 +65,7 @@ class Releaser:
                 while not self._queue and not self._closing:
                     cond.wait()
                 if not self._queue:
+                    self.thread_ident = None  # an exited thread's ident is reused by later threads
                     cond.notify_all()
                     return
                 fn, args = self._queue.popleft()

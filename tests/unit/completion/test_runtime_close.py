@@ -86,3 +86,23 @@ def test_close_from_a_done_callback_raises(rt: srt.Runtime) -> None:
     _still_usable(rt, s)
     rt.synchronize()
     gate.destroy()
+
+
+def test_a_closed_runtime_forgets_its_releaser_thread() -> None:
+    # A later thread may get the exited releaser's ident; close() must not mistake it for its own.
+    runtime = srt.open_runtime("sim")
+    assert runtime.releaser.thread_ident is not None
+    runtime.close()
+    assert runtime.releaser.thread_ident is None
+    errors: list[BaseException] = []
+
+    def close_again() -> None:
+        try:
+            runtime.close()
+        except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+            errors.append(exc)
+
+    t = threading.Thread(target=close_again)
+    t.start()
+    t.join(10)
+    assert not errors
