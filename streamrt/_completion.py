@@ -617,32 +617,29 @@ class _Lane:
         except RuntimeError:  # already released by another producer
             pass
 
-    def poll(self) -> bool:
+    def poll(self) -> None:
         """Retire, on the calling thread, the queued entries whose events are complete. Never blocks.
 
         For an awaiting task (registered in :attr:`pollers` first). Retires
         nothing if another thread is retiring, if the oldest entry is the one
         the lane thread is waiting on in the driver (it retires it when the
         wait returns), or if the lane was queried less than 2 µs ago (many
-        tasks awaiting one lane share its queries). Returns ``False`` once
-        nothing is queued (or the lane failed).
+        tasks awaiting one lane share its queries).
         """
         queue = self._queue
         if not queue or self.dead is not None:
-            return False
+            return
         now = _perf_counter_ns()
         if now - self._polled_ns < _POLL_GAP_NS:
-            return True
+            return
         self._polled_ns = now
         if not self._retire_lock.acquire(blocking=False):
-            return True
+            return
         try:
             batch: list[_Entry] = []
             with self._take:
-                if self.dead is not None or not queue:
-                    return False
-                if queue[0] is self._waiting:
-                    return True
+                if self.dead is not None or not queue or queue[0] is self._waiting:
+                    return
                 self._take_done(queue, self._engine._backend.event_query, batch)
             if batch:
                 outer = getattr(_polling, "engine", None)
@@ -651,7 +648,6 @@ class _Lane:
                     self._retire(batch, None)
                 finally:
                     _polling.engine = outer
-            return bool(queue)
         finally:
             self._retire_lock.release()
 

@@ -90,7 +90,7 @@ class _GraphState:
         self.destroyed = False
 
     def replay_done(self, completion: Completion) -> None:
-        """On a completion lane: one replay passed its tail."""
+        """One replay passed its tail: on its completion lane, or on the thread of an await that polled it."""
         exc = completion.exception(0)
         if exc is not None:
             for _, slot in self.slots:
@@ -101,14 +101,16 @@ class _GraphState:
             if destroy:
                 self.destroyed = True
         if destroy:
-            # The slots are stopped here, on the lane: the engine's close drains its lanes before
-            # it stops the slots it still knows, so the two never stop one slot concurrently.
+            # The slots are stopped here, where the tail retired: the engine's close drains its
+            # lanes (polled retirements included) before it stops the slots it still knows, so the
+            # two never stop one slot concurrently. Where an await polled the tail this joins the
+            # slots' worker threads on the loop's thread: brief, their runs have finished.
             self._close_slots()
             self.runtime.releaser.submit(self._destroy_exec)
 
     def retire(self) -> None:
         """Destroy once no replay is in flight: now, on the calling thread, or after the last
-        replay completed (slots on the completion lane, the executable graph on the releaser thread)."""
+        replay completed (slots where its tail retired, the executable graph on the releaser thread)."""
         with self.lock:
             self.retiring = True
             destroy = self.pending == 0 and not self.destroyed

@@ -212,14 +212,15 @@ def test_polling_leaves_the_entry_the_lane_thread_waits_on_to_it(harness: Harnes
     lane = engine._lane(s)
     assert wait_until(lambda: lane._waiting is not None)  # the lane thread is in the driver wait on `first`
     harness.backend.stream_synchronize(s)  # both events are complete now
-    assert lane.poll() is True  # still queued: the waited-on entry (and so what follows it) stays
+    lane.poll()
+    assert len(lane._queue) == 2  # the waited-on entry (and so what follows it) stays queued
     assert not first.is_done and not second.is_done
     pool_before = len(engine._pool)
     backend.release.set()
     first.wait(5)
     second.wait(5)
     assert len(engine._pool) == pool_before + 2  # both events pooled once, by the lane thread
-    assert lane.poll() is False  # nothing queued
+    assert not lane._queue
 
 
 def test_polling_retires_nothing_while_another_thread_retires(harness: Harness, engine: CompletionEngine) -> None:
@@ -229,7 +230,8 @@ def test_polling_retires_nothing_while_another_thread_retires(harness: Harness, 
         c = engine.completion_for_stream(s)
         harness.backend.stream_synchronize(s)
         lane = engine._lane(s)
-        assert lane.poll() is True and not c.is_done
+        lane.poll()
+        assert lane._queue and not c.is_done
     finally:
         release.set()
     c.wait(5)
@@ -249,10 +251,12 @@ def test_a_poll_retires_done_entries_in_order_on_the_calling_thread(harness: Har
         cs = [engine.completion_for_stream(s) for _ in range(4)]
         for i, c in enumerate(cs):
             c.add_done_callback(lambda _c, i=i: seen.append((i, threading.get_ident())))
-        assert lane.poll() is True and not seen  # behind the gate: nothing is done
+        lane.poll()
+        assert len(lane._queue) == 4 and not seen  # behind the gate: nothing is done
         gate.open()
         harness.backend.stream_synchronize(s)
-        assert lane.poll() is False  # all retired, queue empty
+        lane.poll()
+        assert not lane._queue  # all retired
         assert seen == [(i, threading.get_ident()) for i in range(4)]
     finally:
         lane.end_poll(holder)  # type: ignore[arg-type]
