@@ -10,12 +10,13 @@ How a block moves (see ``docs/allocators.md``)::
 **Hot path.** ``allocate`` of a size seen before, with a free block of its
 class, and ``release`` of a block no stream used, are a dict lookup, a list
 pop or append and a few counter updates: no lock, no event, no thread hop.
-Buffers are :class:`CachedBuffer`, whose ``release`` runs that path inline.
-They rely on the GIL: a list pop/append is atomic, and a run of attribute
-updates with no call in between is never interleaved with another thread's.
-Where the GIL is disabled (free-threaded CPython) the fast path is switched
-off and every operation takes the allocator's lock. Everything else -- the
-slow paths, and every table change made by them -- takes the lock.
+They run in the allocator's :mod:`~allocators._fastpath` (C when built, else
+its Python twin), which shares the hits / in-use / peak / requested counters
+with the slow paths. Buffers are :class:`CachedBuffer`, whose ``release``
+calls that path first. It relies on the GIL (see ``_fastpath``). Where the
+GIL is disabled (free-threaded CPython) the hot path is switched off and every
+operation takes the allocator's lock. Everything else -- the slow paths, and
+every table change made by them -- takes the lock.
 
 **Keepalive.** A block that streams used gets one event per stream at release
 (:class:`~allocators._fence.Fence`). The events are queried lazily, when
@@ -33,13 +34,14 @@ from __future__ import annotations
 import sys
 import threading
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import streamrt as srt
 
 from . import _captures
 from ._capture import CapturePool
 from ._debug import DebugChecks
+from ._fastpath import FastPath
 from ._fence import EventPool, Fence
 from ._size_classes import SizeClasses
 from ._sources import RawSource, Source
@@ -90,53 +92,44 @@ class CachedBuffer(srt.Buffer):
     """A :class:`streamrt.Buffer` handed out by a :class:`CachingAllocator`.
 
     It behaves as any allocator Buffer; only the round trip is specialised.
-    Its ``release`` runs the allocator's fast path inline (a block no stream
-    used goes straight back to its free list) instead of through Buffer's
-    ``on_release`` hook; the fields every cached buffer shares are class
-    attributes, and the allocator's fast path builds buffers with
-    ``object.__new__`` and sets the rest itself (no ``__init__`` frame).
-    Together these cut a cached round trip by about 40 % (see the keepalive
-    rules in ``docs/allocators.md``). Thread rules are Buffer's.
+    Its ``release`` gives the block back through the allocator's hot path
+    (:mod:`allocators._fastpath`: a block no stream used goes straight back to
+    its free list) instead of through Buffer's ``on_release`` hook. Each
+    allocator hands out buffers of its own subclass, whose class attributes
+    hold the fields its buffers share (kind, runtime, allocator; never a view,
+    no owner, no hook), so a hand-out sets five fields and runs no ``__init__``
+    (see the keepalive rules in ``docs/allocators.md``). Not constructed by
+    hand. Thread rules are Buffer's.
     """
 
-    __slots__ = ("_allocator",)
+    __slots__ = ("_entry",)  # (size class, free list): where release puts the block back
     # Buffer's slots that are the same for every cached buffer (never a view, no owner, no hook).
     _base = None
     _offset = 0
     _owner = None
     _on_release = None
     _readonly = False
+    # Set by each allocator's subclass.
+    _allocator: CachingAllocator
+    _give: Callable[[CachedBuffer], int]
+    _entry: tuple[int, list[int]]
 
-    def __init__(self, ptr: int, nbytes: int, kind: str, runtime: srt.Runtime, allocator: CachingAllocator) -> None:
-        # The same fields as CachingAllocator.allocate's fast path sets (tests/allocators/
-        # test_keepalive.py checks that every Buffer slot reads back on both).
-        self._ptr = ptr
-        self._nbytes = nbytes
-        self._kind = kind
-        self._runtime = runtime
-        self._released = False
-        self._streams = None
-        self._allocator = allocator
+    def __init__(self) -> None:
+        raise TypeError("CachedBuffers are made by a CachingAllocator's allocate()")
 
     def release(self) -> None:
         """Give the block back to its allocator: cached at once if no stream used it, else in flight
         until every stream that did has passed. Non-blocking. Releasing twice raises ``ValueError``."""
+        step = self._give(self)  # the allocator's FastPath.give (allocators._fastpath)
+        if step:
+            self._allocator._finish_release(self, step)
+
+    def _release_locked(self) -> None:
+        """``release`` of an allocator without the lock-free fast path (debug mode, no GIL)."""
         if self._released:
             raise ValueError("buffer released twice")
         self._released = True
-        allocator = self._allocator
-        nbytes = self._nbytes
-        entry = allocator._fast.get(nbytes)
-        if entry is None or self._streams:
-            allocator._release_slow(self._ptr, nbytes, self._streams)
-            return
-        cls, free = entry
-        # Counters first, then the append: a block in a free list is always counted as cached.
-        allocator._in_use -= cls
-        allocator._requested -= nbytes
-        free.append(self._ptr)
-        if allocator._post_release:
-            allocator._after_release()
+        self._allocator._release_slow(self._ptr, self._nbytes, self._streams)
 
 
 class CachingAllocator:
@@ -166,6 +159,14 @@ class CachingAllocator:
     """
 
     kind: str = ""
+    # Slots, not an instance dict: the fast path reads and updates these on every call.
+    __slots__ = (
+        "_runtime", "_backend", "_source", "_classes", "_max_cached", "_max_total", "_check_capture",
+        "_detect_capture", "_lock", "_fast", "_fast_on", "_buffer_type", "_ready", "_pending", "_events",
+        "_pools", "_bindings", "_implicit", "_held", "_in_flight", "_freeing",
+        "_pool_bytes", "_reserving", "_misses", "_frees", "_flushes", "_evictions",
+        "_closed", "_source_closed", "_fp", "_take", "_debug", "__weakref__",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -194,7 +195,6 @@ class CachingAllocator:
         classes = size_classes if size_classes is not None else SizeClasses()
         if not isinstance(classes, SizeClasses):
             raise TypeError("size_classes must be an allocators.SizeClasses")
-        self.kind = kind
         self._runtime = runtime
         self._backend = runtime.backend
         self._source = source
@@ -207,6 +207,11 @@ class CachingAllocator:
         # Request size -> (size class, that class's free list). Lists are never replaced.
         self._fast: dict[int, tuple[int, list[int]]] = {}
         self._fast_on = FAST_PATH and not debug
+        # The CachedBuffer subclass this allocator hands out: the fields its buffers share.
+        shared: dict[str, Any] = {"__slots__": (), "__module__": __name__, "_kind": kind, "_runtime": runtime, "_allocator": self}
+        if not self._fast_on:
+            shared["release"] = CachedBuffer._release_locked
+        self._buffer_type: type[CachedBuffer] = type("CachedBuffer", (CachedBuffer,), shared)
         self._ready: dict[int, list[int]] = {}  # size class -> free blocks (LIFO)
         self._pending: dict[int, deque[tuple[int, Fence]]] = {}  # size class -> released, fence not yet seen passed
         self._events = EventPool(runtime)
@@ -217,22 +222,22 @@ class CachingAllocator:
         # Counters, in size-class bytes unless named "requested". Cached bytes are
         # what is left: held - in_use - in_flight - freeing - pool - reserving.
         self._held = 0
-        self._in_use = 0
-        self._requested = 0
         self._in_flight = 0
         self._freeing = 0  # taken out of the cache, free submitted to the releaser, not yet run
         self._pool_bytes = 0
         self._reserving = 0  # counted as held, source.allocate not yet returned
-        self._peak = 0
-        self._hits = 0
         self._misses = 0
         self._frees = 0
         self._flushes = 0
         self._evictions = 0
         self._closed = False
         self._source_closed = False
-        # Checked after every fast release: the allocator closed, or a cache limit to keep.
-        self._post_release = self._max_cached is not None
+        # The hot path (allocators._fastpath) and the counters it shares with the slow paths:
+        # hits, in_use, peak, requested. post_release: the allocator closed, or a cache limit to keep.
+        self._fp = FastPath(self._buffer_type, self._fast)
+        self._fp.post_release = self._max_cached is not None
+        self._buffer_type._give = self._fp.give
+        self._take = self._fp.take
         self._debug = DebugChecks(self) if debug else None
 
     # -- properties ---------------------------------------------------------------------------
@@ -297,39 +302,17 @@ class CachingAllocator:
         (waiting for in-flight work), retries, then raises
         :class:`streamrt.OutOfMemoryError`. Raises ``ClosedError`` after :meth:`close`.
         """
-        if type(nbytes) is int and stream is None:
-            entry = self._fast.get(nbytes)
-            if entry is not None:
-                cls, free = entry
-                if free:
-                    try:
-                        ptr = free.pop()
-                    except IndexError:
-                        pass
-                    else:
-                        # One run of attribute updates: atomic under the GIL.
-                        self._hits += 1
-                        in_use = self._in_use + cls
-                        self._in_use = in_use
-                        if in_use > self._peak:
-                            self._peak = in_use
-                        self._requested += nbytes
-                        # CachedBuffer(ptr, nbytes, kind, runtime, self) without the __init__ frame.
-                        buf = _new(CachedBuffer)
-                        buf._ptr = ptr
-                        buf._nbytes = nbytes
-                        buf._kind = self.kind
-                        buf._runtime = self._runtime
-                        buf._released = False
-                        buf._streams = None
-                        buf._allocator = self
-                        return buf
+        if stream is None:
+            buf = self._take(nbytes)
+            if buf is not None:
+                return buf
         return self._allocate(nbytes, stream)
 
     def _allocate(self, nbytes: Any, stream: srt.Stream | None) -> srt.Buffer:
         """The slow path of :meth:`allocate`: validation, capture routing, pending blocks, the source."""
         nbytes = _check_nbytes(nbytes)
-        cls, free = self._entry(nbytes)
+        entry = self._entry(nbytes)
+        cls, free = entry
         if stream is not None:
             pool = self._route(stream)
             if pool is not None:
@@ -341,7 +324,7 @@ class CachingAllocator:
             if not ptr and self._pending.get(cls):
                 ptr = self._reclaim_locked(cls)
             if ptr:
-                self._hits += 1
+                self._fp.hits += 1
                 self._account_out_locked(cls, nbytes)
         if not ptr:
             ptr = self._obtain(cls, nbytes, stream, capturing=False)
@@ -349,19 +332,30 @@ class CachingAllocator:
                 self._reserving -= cls
                 self._misses += 1
                 self._account_out_locked(cls, nbytes)
-        buf = CachedBuffer(ptr, nbytes, self.kind, self._runtime, self)
+        buf = self._hand_out(ptr, nbytes, entry)
         if stream is not None:
             note_stream(buf, stream)
         if self._debug is not None:
             self._debug.handed_out(ptr, cls)
         return buf
 
+    def _hand_out(self, ptr: int, nbytes: int, entry: tuple[int, list[int]]) -> CachedBuffer:
+        """A new buffer of this allocator over ``ptr`` (the fields the fast path of :meth:`allocate` sets)."""
+        buf = _new(self._buffer_type)
+        buf._ptr = ptr
+        buf._nbytes = nbytes
+        buf._released = False
+        buf._streams = None
+        buf._entry = entry
+        return buf
+
     def _account_out_locked(self, cls: int, nbytes: int) -> None:
-        in_use = self._in_use + cls
-        self._in_use = in_use
-        if in_use > self._peak:
-            self._peak = in_use
-        self._requested += nbytes
+        fp = self._fp
+        in_use = fp.in_use + cls
+        fp.in_use = in_use
+        if in_use > fp.peak:
+            fp.peak = in_use
+        fp.requested += nbytes
 
     def _reclaim_locked(self, cls: int) -> int:
         """A pending block of ``cls`` whose fence has passed, or 0. Queries at most a few fences."""
@@ -427,7 +421,7 @@ class CachingAllocator:
 
     def _oom(self, nbytes: int, cls: int, why: str) -> srt.OutOfMemoryError:
         with self._lock:
-            in_use, held, pool = self._in_use, self._held, self._pool_bytes
+            in_use, held, pool = self._fp.in_use, self._held, self._pool_bytes
             cached = self._cached_locked() + self._in_flight + self._freeing
         return srt.OutOfMemoryError(
             f"{type(self).__name__}: cannot allocate {nbytes} bytes (a {cls}-byte block): {why}; "
@@ -441,7 +435,7 @@ class CachingAllocator:
 
     def _cached_locked(self) -> int:
         # One expression with no calls: never interleaved with a fast-path update.
-        return self._held - self._in_use - self._in_flight - self._freeing - self._pool_bytes - self._reserving
+        return self._held - self._fp.in_use - self._in_flight - self._freeing - self._pool_bytes - self._reserving
 
     # -- release -------------------------------------------------------------------------------
     def _release_slow(self, ptr: int, nbytes: int, streams: Set[srt.Stream] | None) -> None:
@@ -458,8 +452,8 @@ class CachingAllocator:
         with self._lock:
             closed = self._closed
             if not closed:
-                self._in_use -= cls
-                self._requested -= nbytes
+                self._fp.in_use -= cls
+                self._fp.requested -= nbytes
                 if fence is None or fence.is_empty:
                     free.append(ptr)
                 else:
@@ -468,7 +462,14 @@ class CachingAllocator:
             if fence is not None:
                 fence.discard(self._events)
             self._release_after_close(ptr, nbytes, cls, streams or ())
-        elif self._post_release:
+        elif self._fp.post_release:
+            self._after_release()
+
+    def _finish_release(self, buf: CachedBuffer, step: int) -> None:
+        """The rest of a :meth:`CachedBuffer.release` after ``FastPath.give`` returned ``step`` (1 or 2)."""
+        if step == 1:
+            self._release_slow(buf._ptr, buf._nbytes, buf._streams)
+        else:
             self._after_release()
 
     def _pend_locked(self, ptr: int, cls: int, fence: Fence) -> None:
@@ -513,8 +514,8 @@ class CachingAllocator:
     def _release_after_close(self, ptr: int, nbytes: int, cls: int, streams: Iterable[srt.Stream]) -> None:
         """A buffer released after :meth:`close`: freed once its streams pass (on the releaser thread)."""
         with self._lock:
-            self._in_use -= cls
-            self._requested -= nbytes
+            self._fp.in_use -= cls
+            self._fp.requested -= nbytes
             self._freeing += cls
         runtime = self._runtime
         fence = Fence() if runtime.is_closed else Fence.record(runtime, self._events, streams, check_capture=self._check_capture)
@@ -744,9 +745,10 @@ class CachingAllocator:
                 self._poll_all_locked()
                 evicted = self._evict_locked()
             # Read every counter in one run with no call in between (see the module docstring).
+            fp = self._fp
             held, in_use, requested, in_flight, freeing, pool, reserving, peak, hits, misses = (
-                self._held, self._in_use, self._requested, self._in_flight, self._freeing,
-                self._pool_bytes, self._reserving, self._peak, self._hits, self._misses,
+                self._held, fp.in_use, fp.requested, self._in_flight, self._freeing,
+                self._pool_bytes, self._reserving, fp.peak, fp.hits, self._misses,
             )  # fmt: skip
             frees, flushes, evictions = self._frees, self._flushes, self._evictions
         self._submit_frees(evicted, wait=False)
@@ -776,7 +778,7 @@ class CachingAllocator:
     def reset_peak(self) -> None:
         """Restart ``peak_in_use_bytes`` from the current ``in_use_bytes``."""
         with self._lock:
-            self._peak = self._in_use
+            self._fp.peak = self._fp.in_use
 
     def trim(self, *, wait: bool = True) -> None:
         """Give every cached block back to the source.
@@ -809,7 +811,7 @@ class CachingAllocator:
             pool.close()
         with self._lock:
             self._closed = True
-            self._post_release = True
+            self._fp.post_release = True
             self._fast.clear()
             self._implicit.clear()
             self._bindings.clear()
@@ -821,7 +823,7 @@ class CachingAllocator:
 
     def _maybe_close_source(self) -> None:
         with self._lock:
-            if not self._closed or self._source_closed or self._in_use or self._freeing or self._pool_bytes:
+            if not self._closed or self._source_closed or self._fp.in_use or self._freeing or self._pool_bytes:
                 return
             self._source_closed = True
         self._source.close()
@@ -839,10 +841,14 @@ class CachingPinnedAllocator(CachingAllocator):
     :class:`CachingAllocator` for the arguments.
     """
 
+    __slots__ = ()
+
     kind = "host"
 
 
 class CachingDeviceAllocator(CachingAllocator):
     """Caching allocator of device memory (``kind == "device"``). See :class:`CachingAllocator`."""
+
+    __slots__ = ()
 
     kind = "device"

@@ -175,7 +175,7 @@ class CapturePool:
             free = self._free.get(cls)
             ptr = free.pop() if free else self._from_cache_locked(cls)
             if ptr:
-                alloc._hits += 1
+                alloc._fp.hits += 1
                 self._out[ptr] = cls
         if not ptr:
             source = alloc._source

@@ -9,7 +9,24 @@ import pytest
 from alloc_helpers import Gate
 
 import allocators
+import allocators._caching
 import streamrt as srt
+from allocators import _fastpath
+
+
+@pytest.fixture(autouse=True, params=["native", "python"])
+def fastpath(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every allocator test runs twice: over the C hot path and over its Python twin (allocators/_fastpath.py).
+
+    Applies to allocators made during the test (``make_allocator``, a test's own ``open_runtime``).
+    """
+    if request.param == "native":
+        if not _fastpath.NATIVE:
+            pytest.skip("allocators._fastpath_c is not built (no C compiler at install time)")
+        monkeypatch.setattr(allocators._caching, "FastPath", _fastpath.FastPath)
+    else:
+        monkeypatch.setattr(allocators._caching, "FastPath", _fastpath.PyFastPath)
+    return str(request.param)
 
 
 @pytest.fixture
