@@ -8,11 +8,14 @@ Measures, interleaving the contenders round by round and taking medians:
 * cached device round trip: streamrt ``rt.device_allocator`` (with and
   without ``stream=``) vs ``torch.empty(n, dtype=uint8, device="cuda")`` + del
   (and CuPy ``cupy.cuda.alloc(n)`` + del);
+* ``streamrt, python hot path``: the same round trip on an allocator over the
+  Python twin of the hot path (``allocators._fastpath.PyFastPath``: what runs
+  where the C module is not built);
 * a reference row, ``python floor``: the least Python an allocator that hands
   out an object can run per round trip (a method that pops a cached pointer
   into a new ``__slots__`` object, and that object's ``release`` method that
-  appends it back; no validation, no statistics). Any Python allocator with
-  streamrt's API costs at least this much;
+  appends it back; no validation, no statistics). Any allocator written in
+  Python with streamrt's API costs at least this much;
 * held / requested bytes on a mixed workload of 60 live requests of 1-48 MiB
   (random sizes, fixed seed), pinned and device: streamrt ``statistics()``;
   torch ``torch.cuda.host_memory_stats()`` / ``memory_reserved()``; CuPy a
@@ -38,7 +41,9 @@ import time
 from typing import Any, Callable
 
 import allocators
+import allocators._caching
 import streamrt as srt
+from allocators import _fastpath
 
 MiB = 1 << 20
 GOALS = {"pinned_vs_torch": 0.5, "pinned_vs_cupy": 0.6, "device_vs_torch": 1.0, "held_over_requested": 1.25}
@@ -136,8 +141,11 @@ def round_trips(rt: srt.Runtime, nbytes: int, loops: int, rounds: int) -> dict[s
     halloc, dalloc = host.allocate, dev.allocate
 
     floor = _FloorPool([0x1000, 0x2000]).allocate
+    twin = _python_hot_path_allocator(rt)
+    talloc = twin.allocate
     pinned: dict[str, Callable[[], Any]] = {
         "streamrt": lambda: halloc(nbytes).release(),
+        "streamrt, python hot path": lambda: talloc(nbytes).release(),
         "python floor": lambda: floor(nbytes).release(),
     }
     device: dict[str, Callable[[], Any]] = {
@@ -167,7 +175,18 @@ def round_trips(rt: srt.Runtime, nbytes: int, loops: int, rounds: int) -> dict[s
         out["device_ns"] = _interleaved(device, loops, rounds, settle)
     rt.synchronize()
     stream.close()
+    twin.close()
     return out
+
+
+def _python_hot_path_allocator(rt: srt.Runtime) -> allocators.CachingAllocator:
+    """A pinned caching allocator over the Python twin of the hot path (what runs where the C module is not built)."""
+    native = allocators._caching.FastPath
+    allocators._caching.FastPath = _fastpath.PyFastPath
+    try:
+        return allocators.CachingPinnedAllocator(rt)
+    finally:
+        allocators._caching.FastPath = native
 
 
 # -- held / requested ---------------------------------------------------------------------------------------
@@ -304,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             "backend": rt.backend_name,
             "device": rt.capabilities.device_name,
             "versions": _versions(),
+            "hot_path": "C" if _fastpath.NATIVE else "Python (allocators._fastpath_c not built)",
             "size": args.size,
             "loops": args.loops,
             "rounds": args.rounds,
@@ -313,11 +333,11 @@ def main(argv: list[str] | None = None) -> int:
             "goals": GOALS,
         }
     print(f"allocator benchmark on {result['backend']} ({result['device']}), {args.size}-byte round trips, "
-          f"median of {args.rounds} rounds x {args.loops}")
-    print(f"{'round trip':<28}{'ns':>10}")
+          f"median of {args.rounds} rounds x {args.loops}; hot path: {result['hot_path']}")
+    print(f"{'round trip':<36}{'ns':>10}")
     for group in ("pinned_ns", "device_ns"):
         for name, ns in trips[group].items():
-            print(f"  {group[:-3] + ' ' + name:<26}{ns:>10.0f}")
+            print(f"  {group[:-3] + ' ' + name:<34}{ns:>10.0f}")
     print(f"{'held / requested (60 x 1-48 MiB)':<36}{'pinned':>8}{'device':>8}")
     names = sorted({n for k in ("pinned", "device") for n in held[k]})
     for name in names:
