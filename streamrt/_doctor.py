@@ -227,6 +227,13 @@ def diagnose(*, backends: tuple[str, ...] = BACKEND_NAMES) -> DoctorReport:
     for var in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"):
         if os.environ.get(var) is not None:
             notes.append(f"{var}={os.environ[var]!r} limits the HIP devices this process sees")
+    from allocators import _fastpath
+
+    if not _fastpath.NATIVE:
+        notes.append(
+            "the caching allocators run their hot path in Python (allocators._fastpath_c was not built): "
+            "allocate + release round trips take about 3x longer; reinstall streamrt with a C compiler present"
+        )
     try:
         numpy_version = importlib.metadata.version("numpy")
     except importlib.metadata.PackageNotFoundError:

@@ -90,6 +90,15 @@ def test_doctor_real_probe_lists_every_backend_and_library() -> None:
     assert "optional libraries" in str(report)
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_doctor_says_when_the_allocators_hot_path_is_not_built(monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
+    from allocators import _fastpath
+
+    monkeypatch.setattr(_fastpath, "NATIVE", native)
+    text = str(_doctor.diagnose(backends=("sim",)))
+    assert ("allocators._fastpath_c was not built" in text) is not native
+
+
 def test_study_runs_a_script_traced_and_writes_the_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script = tmp_path / "user_script.py"
     script.write_text(
