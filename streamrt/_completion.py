@@ -183,6 +183,37 @@ DEFAULT_AWAIT_POLL_US = 50.0
 _POLL_GAP_NS = 2_000
 # .engine: the engine whose work the calling thread retires for a polling await (else absent/None)
 _polling = threading.local()
+# .lanes: while a launch runs on this thread (DeferredWakes), the lanes its pushes would have woken
+_deferred = threading.local()
+
+
+class DeferredWakes:
+    """``with DeferredWakes():`` lanes that work pushed on this thread would wake are woken once, on exit.
+
+    For the multi-op launches (``Pipeline.launch``, ``Graph.launch``): a lane
+    woken in the middle takes the GIL (to begin its driver wait) as soon as the
+    launching thread releases it in its next backend call, so every later call
+    of the launch would wait for it. Woken at the end instead, the lane runs
+    once the launching thread has returned (or blocks). Nested scopes join the
+    outermost. Pushes from an event loop's thread keep their own deferral (see
+    :meth:`Lane.push`); blocking waits (``Completion.wait``, drain) wake lanes
+    directly, so nothing waits on a deferred wake inside the scope.
+    """
+
+    __slots__ = ("_outer",)
+
+    def __enter__(self) -> None:
+        self._outer = getattr(_deferred, "lanes", None)
+        if self._outer is None:
+            _deferred.lanes = []
+
+    def __exit__(self, *exc: object) -> None:
+        if self._outer is None:
+            lanes: list[Lane] = _deferred.lanes
+            _deferred.lanes = None
+            for lane in lanes:
+                if lane._sleeping and not lane._napping:
+                    lane._signal()
 
 
 PostBatch = dict[asyncio.AbstractEventLoop, list["asyncio.Future[None]"]]  # filled while one lane batch retires
@@ -597,7 +628,11 @@ class _Lane:
         if self._sleeping and not self._napping:
             loop = _get_running_loop()
             if loop is None:
-                self._signal()
+                deferred = getattr(_deferred, "lanes", None)
+                if deferred is None:
+                    self._signal()
+                elif self not in deferred:
+                    deferred.append(self)  # woken when the launch ends (DeferredWakes)
             elif not self._wake_scheduled:
                 # Pushed on an event loop's thread: the work is likely awaited next, and the
                 # awaiting task polls and retires it there. Wake the lane thread on the loop's next

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._backends.protocol import CaptureMode
 from ._buffer import Buffer
-from ._completion import Completion
+from ._completion import Completion, DeferredWakes
 from ._errors import CaptureError, ClosedError
 from ._pipeline_deps import ForkPlan, hazards, plan_fork, topological_order
 from ._pipeline_nodes import (
@@ -300,7 +300,7 @@ class Graph:
         if stream._runtime is not self._runtime:
             raise ValueError("the stream belongs to another runtime than the graph")
         backend = self._runtime.backend
-        with self._chain.lock, self._lock:
+        with DeferredWakes(), self._chain.lock, self._lock:
             state = self._state
             if state is None:
                 raise ClosedError(f"graph {self._name!r} is closed")

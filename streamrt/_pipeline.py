@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._backends.protocol import CaptureMode
 from ._buffer import DEVICE, PAGEABLE, Buffer, check_size, wrap_foreign
+from ._completion import DeferredWakes
 from ._errors import CaptureError
 from ._event import Event
 from ._pipeline_deps import CycleError, ForkPlan, hazards, plan_fork, topological_order
@@ -362,7 +363,7 @@ class Pipeline:
         rt = stream._runtime
         if rt._multi_device:  # host-node events and kernel launches need the stream's device current
             stream._backend.ensure_device(rt._device)
-        with self._lock:
+        with DeferredWakes(), self._lock:
             order, keep = self._validated()
             where = self._placement(rt)
             if where is not None:
