@@ -31,7 +31,6 @@ releaser thread.
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
@@ -41,7 +40,7 @@ import streamrt as srt
 from . import _captures
 from ._capture import CapturePool
 from ._debug import DebugChecks
-from ._fastpath import FastPath
+from ._fastpath import GIL_ENABLED, FastPath
 from ._fence import EventPool, Fence
 from ._size_classes import SizeClasses
 from ._sources import RawSource, Source
@@ -60,7 +59,7 @@ _NO_FLUSH = " (no flush during a graph capture)"
 _new = object.__new__
 
 #: The lock-free fast path needs the GIL (see the module docstring).
-FAST_PATH = bool(getattr(sys, "_is_gil_enabled", lambda: True)())
+FAST_PATH = GIL_ENABLED
 
 
 def _check_nbytes(nbytes: Any) -> int:

@@ -27,9 +27,10 @@ interpreter the allocators do not use a FastPath at all.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
-__all__ = ["FastPath", "PyFastPath", "NATIVE"]
+__all__ = ["GIL_ENABLED", "NATIVE", "FastPath", "PyFastPath"]
 
 _new = object.__new__
 
@@ -84,12 +85,16 @@ class PyFastPath:
         return 2 if self.post_release else 0
 
 
-FastPath: type[PyFastPath] | type[_fastpath_c.FastPath]
-try:
-    from . import _fastpath_c
-except ImportError:  # not built (no compiler at install time): the Python implementation
-    FastPath = PyFastPath
-    NATIVE = False
-else:
-    FastPath = _fastpath_c.FastPath
-    NATIVE = True
+#: The hot path needs the GIL (see the module docstring): off on a free-threaded interpreter.
+GIL_ENABLED = bool(getattr(sys, "_is_gil_enabled", lambda: True)())
+
+FastPath: type[PyFastPath] | type[_fastpath_c.FastPath] = PyFastPath
+NATIVE = False
+if GIL_ENABLED:  # (importing a C module that does not declare itself free-threading-safe re-enables the GIL)
+    try:
+        from . import _fastpath_c
+    except ImportError:  # not built (no compiler at install time): the Python implementation
+        pass
+    else:
+        FastPath = _fastpath_c.FastPath
+        NATIVE = True

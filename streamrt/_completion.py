@@ -196,7 +196,7 @@ class DeferredWakes:
     of the launch would wait for it. Woken at the end instead, the lane runs
     once the launching thread has returned (or blocks). Nested scopes join the
     outermost. Pushes from an event loop's thread keep their own deferral (see
-    :meth:`Lane.push`); blocking waits (``Completion.wait``, drain) wake lanes
+    :meth:`_Lane.push`); blocking waits (``Completion.wait``, drain) wake lanes
     directly, so nothing waits on a deferred wake inside the scope.
     """
 
@@ -209,7 +209,7 @@ class DeferredWakes:
 
     def __exit__(self, *exc: object) -> None:
         if self._outer is None:
-            lanes: list[Lane] = _deferred.lanes
+            lanes: list[_Lane] = _deferred.lanes
             _deferred.lanes = None
             for lane in lanes:
                 if lane._sleeping and not lane._napping:
