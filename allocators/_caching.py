@@ -56,10 +56,6 @@ _POLL_PER_MISS = 4  # pending blocks of a class whose fences one allocate may qu
 _FAST_LIMIT = 4096  # distinct request sizes memoized for the fast path
 _NO_FLUSH = " (no flush during a graph capture)"
 
-_new = object.__new__
-
-#: The lock-free fast path needs the GIL (see the module docstring).
-FAST_PATH = GIL_ENABLED
 
 
 def _check_nbytes(nbytes: Any) -> int:
@@ -158,7 +154,7 @@ class CachingAllocator:
     """
 
     kind: str = ""
-    # Slots, not an instance dict: the fast path reads and updates these on every call.
+    # Slots, not an instance dict: smaller, and quicker to read on every path.
     __slots__ = (
         "_runtime", "_backend", "_source", "_classes", "_max_cached", "_max_total", "_check_capture",
         "_detect_capture", "_lock", "_fast", "_fast_on", "_buffer_type", "_ready", "_pending", "_events",
@@ -205,7 +201,7 @@ class CachingAllocator:
         self._lock = threading.Lock()
         # Request size -> (size class, that class's free list). Lists are never replaced.
         self._fast: dict[int, tuple[int, list[int]]] = {}
-        self._fast_on = FAST_PATH and not debug
+        self._fast_on = GIL_ENABLED and not debug  # the lock-free hot path needs the GIL
         # The CachedBuffer subclass this allocator hands out: the fields its buffers share.
         shared: dict[str, Any] = {"__slots__": (), "__module__": __name__, "_kind": kind, "_runtime": runtime, "_allocator": self}
         if not self._fast_on:
@@ -331,21 +327,11 @@ class CachingAllocator:
                 self._reserving -= cls
                 self._misses += 1
                 self._account_out_locked(cls, nbytes)
-        buf = self._hand_out(ptr, nbytes, entry)
+        buf = self._fp.hand_out(ptr, nbytes, entry)
         if stream is not None:
             note_stream(buf, stream)
         if self._debug is not None:
             self._debug.handed_out(ptr, cls)
-        return buf
-
-    def _hand_out(self, ptr: int, nbytes: int, entry: tuple[int, list[int]]) -> CachedBuffer:
-        """A new buffer of this allocator over ``ptr`` (the fields the fast path of :meth:`allocate` sets)."""
-        buf = _new(self._buffer_type)
-        buf._ptr = ptr
-        buf._nbytes = nbytes
-        buf._released = False
-        buf._streams = None
-        buf._entry = entry
         return buf
 
     def _account_out_locked(self, cls: int, nbytes: int) -> None:

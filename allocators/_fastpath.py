@@ -10,6 +10,8 @@ One FastPath belongs to one allocator:
   request size, or ``None`` when ``nbytes`` is not an exact ``int``, the size is
   not memoized in ``fast``, or its free list is empty (the caller's slow path
   then decides).
+* ``hand_out(ptr, nbytes, entry)``: a new buffer over ``ptr`` (for the
+  allocator's slow path; no counter changes).
 * ``give(buffer)``: ``0``: the block is back in its free list; ``1``: the
   buffer needs the slow path (a stream used it; only ``_released`` was set);
   ``2``: back in its free list and ``post_release`` asks the allocator to look
@@ -63,6 +65,9 @@ class PyFastPath:
         if in_use > self.peak:
             self.peak = in_use
         self.requested += nbytes
+        return self.hand_out(ptr, nbytes, entry)
+
+    def hand_out(self, ptr: int, nbytes: int, entry: tuple[int, list[int]]) -> Any:
         buf: Any = _new(self._type)
         buf._ptr = ptr
         buf._nbytes = nbytes

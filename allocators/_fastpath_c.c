@@ -5,6 +5,7 @@
  *
  *   take(nbytes)  -> a new buffer of `buffer_type` over a cached block of the request size, or
  *                    None (not an exact int, a size not memoized in `fast`, no free block).
+ *   hand_out(ptr, nbytes, entry) -> a new buffer over `ptr` (the slow path's; no counter changes).
  *   give(buffer)  -> 0: the block is back in its free list; 1: `buffer` needs the slow path
  *                    (a stream used it; only `_released` was set); 2: back in its free list,
  *                    and `post_release` asks the allocator to look (closed, a cache limit).
@@ -90,6 +91,31 @@ FastPath_dealloc(FastPath *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* Sets the fields of a new `buf`; steals the references to `ptr` and `entry`. */
+static void
+fill_buffer(FastPath *self, PyObject *buf, PyObject *ptr, PyObject *nbytes, PyObject *entry)
+{
+    SLOT(buf, self->off_ptr) = ptr;
+    SLOT(buf, self->off_nbytes) = Py_NewRef(nbytes);
+    SLOT(buf, self->off_released) = Py_NewRef(Py_False);
+    SLOT(buf, self->off_streams) = Py_NewRef(Py_None);
+    SLOT(buf, self->off_entry) = entry;
+}
+
+static PyObject *
+FastPath_hand_out(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyTuple_Check(args[2]) || PyTuple_GET_SIZE(args[2]) != 2) {
+        PyErr_SetString(PyExc_TypeError, "hand_out(ptr, nbytes, (size class, free list))");
+        return NULL;
+    }
+    PyObject *buf = self->buffer_type->tp_alloc(self->buffer_type, 0);
+    if (buf == NULL)
+        return NULL;
+    fill_buffer(self, buf, Py_NewRef(args[0]), args[1], Py_NewRef(args[2]));
+    return buf;
+}
+
 static PyObject *
 FastPath_take(FastPath *self, PyObject *nbytes)
 {
@@ -108,7 +134,8 @@ FastPath_take(FastPath *self, PyObject *nbytes)
     Py_ssize_t requested = PyLong_AsSsize_t(nbytes);
     if ((cls == -1 || requested == -1) && PyErr_Occurred())
         return NULL;
-    Py_INCREF(entry);  /* the allocation below may run a garbage collection, and with it Python code */
+    /* The allocation may run a garbage collection, and with it Python code: hold the entry. */
+    Py_INCREF(entry);
     PyObject *buf = self->buffer_type->tp_alloc(self->buffer_type, 0);
     if (buf == NULL) {
         Py_DECREF(entry);
@@ -122,12 +149,9 @@ FastPath_take(FastPath *self, PyObject *nbytes)
         Py_RETURN_NONE;
     }
     /* The pop: the list's reference to the address moves to the buffer. */
-    SLOT(buf, self->off_ptr) = PyList_GET_ITEM(free, n - 1);
+    PyObject *ptr = PyList_GET_ITEM(free, n - 1);
     Py_SET_SIZE(free, n - 1);
-    SLOT(buf, self->off_nbytes) = Py_NewRef(nbytes);
-    SLOT(buf, self->off_released) = Py_NewRef(Py_False);
-    SLOT(buf, self->off_streams) = Py_NewRef(Py_None);
-    SLOT(buf, self->off_entry) = entry;  /* takes the reference above */
+    fill_buffer(self, buf, ptr, nbytes, entry);
     self->hits += 1;
     self->in_use += cls;
     if (self->in_use > self->peak)
@@ -183,6 +207,7 @@ FastPath_give(FastPath *self, PyObject *buf)
 
 static PyMethodDef FastPath_methods[] = {
     {"take", (PyCFunction)FastPath_take, METH_O, "A buffer over a cached block of the request size, or None."},
+    {"hand_out", (PyCFunction)(void (*)(void))FastPath_hand_out, METH_FASTCALL, "A new buffer over ptr (no counter changes)."},
     {"give", (PyCFunction)FastPath_give, METH_O, "Put a released buffer's block back: 0 done, 1 slow path, 2 done, look."},
     {NULL},
 };
