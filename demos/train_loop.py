@@ -445,12 +445,15 @@ def run_streamrt(
 # -- running and comparing ----------------------------------------------------------------------------------------------
 
 
-def open_runtime_for(device: torch.device, backend: str | None = None) -> srt.Runtime:
-    """The runtime next to torch: the simulator for CPU torch, a GPU backend on torch's device."""
+def open_runtime_for(device: torch.device, backend: str | None = None, **options: Any) -> srt.Runtime:
+    """The runtime next to torch: the simulator for CPU torch, a GPU backend on torch's device.
+
+    ``options`` go to :func:`streamrt.open_runtime`.
+    """
     if backend is None:
         backend = "sim" if device.type == "cpu" else "auto"
     index = device.index if device.type == "cuda" and device.index is not None else 0
-    rt = srt.open_runtime(backend, index if backend != "sim" else 0)
+    rt = srt.open_runtime(backend, index if backend != "sim" else 0, **options)
     if device.type == "cuda" and rt.capabilities.is_simulated:
         rt.close()
         raise RuntimeError("CUDA torch needs a GPU runtime (cuda or hip), not the simulator")

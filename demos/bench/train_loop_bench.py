@@ -212,7 +212,16 @@ def _sync(device: torch.device, rt: srt.Runtime | None) -> None:
 
 
 def run_once(
-    variant: str, cfg: Any, device: torch.device, *, warmup: int, steps: int, mode: str, backend: str, trace_path: Path | None = None
+    variant: str,
+    cfg: Any,
+    device: torch.device,
+    *,
+    warmup: int,
+    steps: int,
+    mode: str,
+    backend: str,
+    trace_path: Path | None = None,
+    runtime_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One run of ``variant``: ``mode`` is ``"time"`` (timing + sync counting), ``"profile"`` or ``"trace"``."""
     total = warmup + steps
@@ -247,7 +256,7 @@ def run_once(
             elif mode == "trace" and region:
                 region[0].__exit__(None, None, None)
 
-    rt = demo.open_runtime_for(device, None if backend == "auto" else backend)
+    rt = demo.open_runtime_for(device, None if backend == "auto" else backend, **(runtime_options or {}))
     rt_holder.append(rt)
     try:
         if variant == "a":
@@ -290,6 +299,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-bound-idle", type=float, default=0.25, help="(a) is host-bound when its GPU idles at least this fraction")
     ap.add_argument("--images", action="store_true", help="write docs/img/train-a.png and train-b.png (needs matplotlib)")
     ap.add_argument("--image-dir", default=str(ROOT / "docs" / "img"))
+    ap.add_argument(
+        "--switch-interval-us",
+        default=None,
+        help="open_runtime(python_host_switch_interval=...) for (b)/(c), in µs, or 'off' to leave the interpreter's (default: streamrt's)",
+    )
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -297,6 +311,10 @@ def main(argv: list[str] | None = None) -> int:
         print("torch has no CUDA device here; use --device cpu for a functional run on the simulator", file=sys.stderr)
         return 2
     backend = "sim" if device.type == "cpu" else args.backend
+    options: dict[str, Any] = {}
+    if args.switch_interval_us is not None:
+        off = args.switch_interval_us == "off"
+        options["python_host_switch_interval"] = None if off else float(args.switch_interval_us) * 1e-6
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     if device.type != "cuda":
@@ -317,11 +335,11 @@ def main(argv: list[str] | None = None) -> int:
         entry: dict[str, Any] = {"config": {k: getattr(cfg, k) for k in ("d_model", "n_layers", "n_heads", "seqs", "max_seqlen", "vocab", "token_budget")}}
         for v in variants:
             print(f"[{size}] ({v}) timing ...", flush=True)
-            entry[v] = run_once(v, cfg, device, warmup=args.warmup, steps=args.steps, mode="time", backend=backend)
+            entry[v] = run_once(v, cfg, device, warmup=args.warmup, steps=args.steps, mode="time", backend=backend, runtime_options=options)
             if args.profile_steps and device.type == "cuda":
                 print(f"[{size}] ({v}) profiling ...", flush=True)
                 try:
-                    p = run_once(v, cfg, device, warmup=args.warmup, steps=args.profile_steps, mode="profile", backend=backend)
+                    p = run_once(v, cfg, device, warmup=args.warmup, steps=args.profile_steps, mode="profile", backend=backend, runtime_options=options)
                     entry[v]["profile"] = {k: p[k] for k in p if k != "losses"}
                     busy_ms = p["gpu_busy_us_per_step"] / 1e3
                     entry[v]["gpu_idle_timed"] = max(0.0, 1.0 - busy_ms / entry[v]["step_ms"])
@@ -352,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         for v in ("a", "b"):
             path = img / f"train-{v}.png"
             print(f"[{headline}] ({v}) tracing -> {path}", flush=True)
-            t = run_once(v, cfg, device, warmup=args.warmup, steps=6, mode="trace", backend=backend, trace_path=path)
+            t = run_once(v, cfg, device, warmup=args.warmup, steps=6, mode="trace", backend=backend, trace_path=path, runtime_options=options)
             results.setdefault("images", {})[v] = t.get("trace")
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2, default=str))
