@@ -88,3 +88,27 @@ def test_a_buffer_a_stream_used_goes_to_the_slow_path_and_waits_for_it(rt: srt.R
 def test_cached_buffers_are_not_made_by_hand() -> None:
     with pytest.raises(TypeError, match="made by a CachingAllocator"):
         allocators.CachedBuffer()
+
+
+def test_round_trips_leak_no_references(rt: srt.Runtime, make_allocator) -> None:
+    """The hot path moves references between the free list and the buffers; none may be lost or kept."""
+    import gc
+    import sys
+    import weakref
+
+    a = make_allocator("host")
+    a.allocate(N).release()
+    cls, free = a._fast[N]
+    ptr = free[-1]
+    counts = (sys.getrefcount(ptr), sys.getrefcount(free), sys.getrefcount(a._fast[N]))
+    for _ in range(5000):
+        a.allocate(N).release()
+    buf = a.allocate(N)
+    gone = weakref.ref(buf)
+    buf.release()
+    del buf
+    gc.collect()
+    assert gone() is None, "a released buffer is kept alive"
+    assert free == [ptr] and free[-1] is ptr
+    assert (sys.getrefcount(ptr), sys.getrefcount(free), sys.getrefcount(a._fast[N])) == counts
+    assert a.statistics().hits == 5001
