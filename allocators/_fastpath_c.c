@@ -33,6 +33,16 @@ typedef struct {
 #define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
 
 static int
+check_initialized(FastPath *self)
+{
+    if (self->buffer_type == NULL || self->fast == NULL) {
+        PyErr_SetString(PyExc_TypeError, "FastPath.__init__ was not called");
+        return -1;
+    }
+    return 0;
+}
+
+static int
 slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *offset)
 {
     PyObject *descr = PyObject_GetAttrString((PyObject *)type, name);
@@ -105,6 +115,8 @@ fill_buffer(FastPath *self, PyObject *buf, PyObject *ptr, PyObject *nbytes, PyOb
 static PyObject *
 FastPath_hand_out(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
 {
+    if (check_initialized(self) < 0)
+        return NULL;
     if (nargs != 3 || !PyTuple_Check(args[2]) || PyTuple_GET_SIZE(args[2]) != 2) {
         PyErr_SetString(PyExc_TypeError, "hand_out(ptr, nbytes, (size class, free list))");
         return NULL;
@@ -163,6 +175,8 @@ FastPath_take(FastPath *self, PyObject *nbytes)
 static PyObject *
 FastPath_give(FastPath *self, PyObject *buf)
 {
+    if (check_initialized(self) < 0)
+        return NULL;
     if (!PyObject_TypeCheck(buf, self->buffer_type)) {
         PyErr_Format(PyExc_TypeError, "not a buffer of this allocator: %R", buf);
         return NULL;

@@ -112,3 +112,14 @@ def test_round_trips_leak_no_references(rt: srt.Runtime, make_allocator) -> None
     assert free == [ptr] and free[-1] is ptr
     assert (sys.getrefcount(ptr), sys.getrefcount(free), sys.getrefcount(a._fast[N])) == counts
     assert a.statistics().hits == 5001
+
+
+def test_an_uninitialized_c_hot_path_raises_instead_of_crashing(fastpath: str) -> None:
+    if fastpath != "native":
+        pytest.skip("the C implementation's own guard")
+    bare = _fastpath.FastPath.__new__(_fastpath.FastPath)
+    assert bare.take(N) is None
+    with pytest.raises(TypeError, match="__init__ was not called"):
+        bare.give(object())
+    with pytest.raises(TypeError, match="__init__ was not called"):
+        bare.hand_out(0x1000, N, (N, []))
