@@ -17,10 +17,12 @@ are bound here, so that a change in streamrt is one edit in this file:
   Python calls on the allocators' hottest path).
 
 One more reach lives beside the code it speeds up: ``_caching.CachedBuffer``
-subclasses :class:`streamrt.Buffer`, sets its slots in its own constructor
-and reads and sets ``_released``, ``_ptr``, ``_nbytes`` and ``_streams`` in
-its ``release`` (the cached round trip's hot path; a test checks that it sets
-every slot Buffer has).
+subclasses :class:`streamrt.Buffer` and shadows its constant slots with class
+attributes, and the hot path (``_fastpath``: the C module finds the slots'
+offsets through their descriptors; its Python twin uses the names) sets
+``_ptr``, ``_nbytes``, ``_released`` and ``_streams`` when it hands a buffer
+out and reads them when it takes one back (a test checks that a cached buffer
+sets every slot Buffer has).
 """
 
 from __future__ import annotations

@@ -232,7 +232,7 @@ def diagnose(*, backends: tuple[str, ...] = BACKEND_NAMES) -> DoctorReport:
     if not _fastpath.NATIVE:
         notes.append(
             "the caching allocators run their hot path in Python (allocators._fastpath_c was not built): "
-            "allocate + release round trips take about 3x longer; reinstall streamrt with a C compiler present"
+            "allocate + release round trips take 2.5-3x longer (docs/performance.md, runs 59 and 62); reinstall streamrt with a C compiler present"
         )
     try:
         numpy_version = importlib.metadata.version("numpy")

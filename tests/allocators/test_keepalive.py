@@ -147,12 +147,12 @@ def test_release_twice_and_use_after_release_raise(rt: srt.Runtime, make_allocat
 
 
 def test_cached_buffers_are_whole_buffers_on_the_fast_and_the_slow_path(rt: srt.Runtime, make_allocator) -> None:
-    """A cached buffer sets every slot a Buffer has, whether built by allocate's fast path or by its slow path."""
+    """A cached buffer sets every slot a Buffer has, whether handed out by the hot path or by the slow path."""
     a = make_allocator("host")
     s = rt.create_stream()
-    slow = a.allocate(N)  # a miss: the constructor
+    slow = a.allocate(N)  # a miss: the slow path's hand_out
     slow.release()
-    fast = a.allocate(N)  # a hit: built inline by the fast path
+    fast = a.allocate(N)  # a hit: the hot path's take
     assert fast.ptr == slow.ptr
     assert a.statistics().hits == 1
     on_stream = a.allocate(N, stream=s)  # the slow path with a stream
