@@ -15,13 +15,15 @@ Variants (same data, same initial weights, same optimizer, so the same losses):
 (a) plain torch: ``.to(device)`` copies of each batch, ``loss.item()`` every
     step, and the FMHA workspace metadata prepared the old way (``cu_seqlens``
     copied to the host, packed, copied back): the host waits for the GPU
-    several times per step.
+    several times per step. The pack is the recipe's C pack where it was built
+    (``PACK``), as in (b), so the two differ in how they wait, not in how they pack.
 (b) streamrt: a :class:`~streamrt.torch.Prefetcher` stages the next batches on
     a side stream and hands them over with events; a
     :class:`~streamrt.torch.MetricsLogger` logs each loss two steps late; the
     seed's workspace prepare pipeline (:mod:`streamrt.recipes.fmha_bwd`) runs
     every step on the step's ``cu_seqlens`` (fork policy: the D2H -> pack -> H2D
-    chain on a side stream), and every ``verify_every`` steps the metadata it
+    chain on a side stream; the pack a native host function where the C pack
+    was built, so it takes no GIL from the loop), and every ``verify_every`` steps the metadata it
     produced is fetched asynchronously and checked against the numpy oracle.
     Nothing in the loop waits for the GPU (on the simulator, where CPU torch
     computes on the host, hand-offs wait on the host instead of a stream).
@@ -58,10 +60,23 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import streamrt as srt
 import streamrt.torch as st
-from streamrt.recipes.fmha_bwd import WorkspaceParams, WorkspacePrepare, pack_metadata, reference_metadata, workspace_size
+from streamrt.recipes.fmha_bwd import (
+    WorkspaceParams,
+    WorkspacePrepare,
+    native_pack_available,
+    pack_metadata,
+    pack_metadata_native,
+    reference_metadata,
+    workspace_size,
+)
 
 VARIANTS = ("a", "b", "c")
 IGNORE = -100
+
+
+#: The host pack both ways use: the C one where it was built (no GIL while it runs), else numpy.
+PACK = "native" if native_pack_available() else "python"
+_pack_on_this_thread = pack_metadata_native if PACK == "native" else pack_metadata
 
 
 # -- configuration -----------------------------------------------------------------------------------
@@ -320,7 +335,7 @@ def run_plain(cfg: Config, device: torch.device, *, rt: srt.Runtime | None = Non
         cu = _wait(rt, "cu_seqlens.to(device)", host["cu_seqlens"].to, device)
         if cfg.prepare:  # the old prepare: seqstart to the host (a blocking D2H), pack, back
             cu_host = _wait(rt, "cu_seqlens.cpu()", cu.cpu).numpy()
-            pack_metadata(params, cu_host, cu_host, out=meta_host)
+            _pack_on_this_thread(params, cu_host, cu_host, out=meta_host)
             used = int(meta_host[48:56].view("<i8")[0])
             ws[region : region + used].zero_()
             _wait(rt, "metadata.to(device)", ws[:region].copy_, torch.from_numpy(meta_host))
@@ -393,7 +408,7 @@ def run_streamrt(
     seq = st.device_empty(rt, cfg.seqs + 1, torch.int32)
     ws.zero_()
     seq.zero_()
-    prep = WorkspacePrepare(rt, params, seq, seq, ws) if cfg.prepare else None
+    prep = WorkspacePrepare(rt, params, seq, seq, ws, pack=PACK) if cfg.prepare else None
     check = _MetadataCheck(params)
     host_cu: deque[np.ndarray] = deque()
     logger = st.MetricsLogger(rt, lag=cfg.lag, sink=sink)

@@ -234,6 +234,14 @@ def diagnose(*, backends: tuple[str, ...] = BACKEND_NAMES) -> DoctorReport:
             "the caching allocators run their hot path in Python (allocators._fastpath_c was not built): "
             "allocate + release round trips take 2.5-3x longer (docs/performance.md, runs 59 and 62); reinstall streamrt with a C compiler present"
         )
+    from .recipes.fmha_bwd.native import native_pack_unavailable_reason
+
+    pack_reason = native_pack_unavailable_reason()
+    if pack_reason is not None:
+        notes.append(
+            f"the FMHA workspace recipe has no native pack ({pack_reason}): pack='native' is refused; "
+            "reinstall streamrt with a C compiler present"
+        )
     try:
         numpy_version = importlib.metadata.version("numpy")
     except importlib.metadata.PackageNotFoundError:

@@ -22,6 +22,10 @@ Columns, interleaved per round (medians over rounds of per-call medians):
   one event record;
 * ``graph``: ``Graph.launch``.
 
+Where the C pack was built, the same prepare with ``pack="native"`` adds
+``raw ops native`` (one native host function instead of two), ``stream
+native``, ``fork native``, ``raw graph native`` and ``graph native``.
+
 ``--profile`` also prints the functions that took the most time per call
 (cProfile) for each streamrt column in the idle mode.
 
@@ -57,9 +61,10 @@ from train_step import (  # the seed workload of the training-step harness
 import streamrt as srt
 from streamrt._backends.protocol import MemcpyKind
 from streamrt._native import SEM_POST_ADDRESS, Semaphore
-from streamrt.recipes.fmha_bwd import WorkspacePrepare, workspace_size
+from streamrt.recipes.fmha_bwd import WorkspacePrepare, native_pack_available, workspace_size
 
 COLUMNS = ("raw ops", "stream", "fork", "raw graph", "graph")
+NATIVE_COLUMNS = tuple(f"{c} native" for c in COLUMNS)
 #: The backend calls a launch makes, timed by ``--split``.
 _LAUNCH_CALLS = (
     "memset_async",
@@ -140,26 +145,43 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         dq_n, meta_n = params.dq_acc_bound_bytes, params.metadata_region_bytes
         d2h, h2d = MemcpyKind.DEVICE_TO_HOST, MemcpyKind.HOST_TO_DEVICE
 
-        def raw_ops() -> None:
+        def raw_ops(host_functions: int) -> None:
             b.memset_async(dq, 0, dq_n, h)
             b.memcpy_async(scratch.ptr, q.ptr, seq_q.nbytes, d2h, h)
             b.memcpy_async(scratch.ptr + 1024, k.ptr, seq_k.nbytes, d2h, h)
-            b.launch_host_func(h, SEM_POST_ADDRESS, sem.address)
-            b.launch_host_func(h, SEM_POST_ADDRESS, sem.address)
+            for _ in range(host_functions):
+                b.launch_host_func(h, SEM_POST_ADDRESS, sem.address)
             b.memcpy_async(meta_dev, scratch.ptr + 2048, min(meta_n, 2048), h2d, h)
             b.event_record(tail_ev, h)
 
-        def raw_graph() -> None:
+        def raw_graph(exec_handle: Any) -> None:
             b.graph_launch(exec_handle, h)
             b.event_record(tail_ev, h)
 
         calls: dict[str, Callable[[], Any]] = {
-            "raw ops": raw_ops,
+            "raw ops": lambda: raw_ops(2),  # a Python host node: two host functions (post, hold)
             "stream": lambda: prep.launch(s, "stream"),
             "fork": lambda: prep.launch(s, "fork", wait_for=None),
-            "raw graph": raw_graph,
+            "raw graph": lambda: raw_graph(exec_handle),
             "graph": lambda: graph.launch(s),
         }
+        columns = COLUMNS
+        preps = [prep]
+        if native_pack_available():
+            native = WorkspacePrepare(rt, params, q, k, ws, pack="native")
+            native_graph = native.capture(s)
+            native_exec = native_graph._state.exec  # type: ignore[union-attr]
+            preps.append(native)
+            columns = COLUMNS + NATIVE_COLUMNS
+            calls.update(
+                {
+                    "raw ops native": lambda: raw_ops(1),
+                    "stream native": lambda: native.launch(s, "stream"),
+                    "fork native": lambda: native.launch(s, "fork", wait_for=None),
+                    "raw graph native": lambda: raw_graph(native_exec),
+                    "graph native": lambda: native_graph.launch(s),
+                }
+            )
         spin: Callable[[], None] | None = None
         if not rt.capabilities.is_simulated:
             try:
@@ -198,15 +220,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             return statistics.median(times) * 1e6
 
         modes = ["idle"] + (["busy"] if spin is not None else [])
-        per_round: dict[str, dict[str, list[float]]] = {m: {c: [] for c in COLUMNS} for m in modes}
+        per_round: dict[str, dict[str, list[float]]] = {m: {c: [] for c in columns} for m in modes}
         for rnd in range(args.rounds):
-            order = COLUMNS[rnd % len(COLUMNS) :] + COLUMNS[: rnd % len(COLUMNS)]
+            order = columns[rnd % len(columns) :] + columns[: rnd % len(columns)]
             for mode in modes:
                 for c in order:
                     per_round[mode][c].append(measure(c, mode))
         profiles: dict[str, str] = {}
         if args.profile:
-            for c in ("stream", "fork", "graph"):
+            for c in (c for c in columns if not c.startswith("raw")):
                 pr = cProfile.Profile()
                 fn = calls[c]
                 for _ in range(200):
@@ -218,9 +240,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 buf = io.StringIO()
                 pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(18)
                 profiles[c] = buf.getvalue()
-        split = _split(b, {c: calls[c] for c in ("stream", "fork", "graph")}, s, args.warmup, args.calls) if args.split else {}
+        streamrt_calls = {c: calls[c] for c in columns if not c.startswith("raw")}
+        split = _split(b, streamrt_calls, s, args.warmup, args.calls) if args.split else {}
         s.synchronize()
-        prep.close()
+        for p in preps:
+            p.close()
         scratch.release()
         stage.release()
         sem.destroy()
@@ -233,6 +257,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "calls": args.calls,
         "window": args.window,
         "spin_us": args.spin_us,
+        "columns": list(columns),
         "summary_us": summary,
         "rounds_us": per_round,
         "profiles": profiles,
@@ -243,13 +268,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _print(result: dict[str, Any]) -> None:
     print(result["device"])
     print(f"{result['rounds']} interleaved rounds x {result['calls']} calls; median us per call")
-    print(f"{'mode':<6}" + "".join(f"{c:>11}" for c in COLUMNS))
+    columns = result["columns"]
+    width = max(11, *(len(c) + 2 for c in columns))
+    print(f"{'mode':<6}" + "".join(f"{c:>{width}}" for c in columns))
     for mode, cols in result["summary_us"].items():
-        print(f"{mode:<6}" + "".join(f"{cols[c]:>11.2f}" for c in COLUMNS))
+        print(f"{mode:<6}" + "".join(f"{cols[c]:>{width}.2f}" for c in columns))
     if result["split_us"]:
         print("\nsplit (idle; median us per call): call = backend calls + the rest (streamrt's Python, GIL waits)")
         for name, parts in result["split_us"].items():
-            print(f"  {name:<7} call {parts['call']:8.2f}  backend {parts['backend']:8.2f}  rest {parts['rest']:8.2f}")
+            print(f"  {name:<13} call {parts['call']:8.2f}  backend {parts['backend']:8.2f}  rest {parts['rest']:8.2f}")
     for name, text in result["profiles"].items():
         print(f"\n== cProfile, {name} (200 idle calls)\n{text}")
 

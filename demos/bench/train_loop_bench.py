@@ -326,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             "cuda": torch.version.cuda,
             "python": platform.python_version(),
             "streamrt_backend": backend,
+            "host_pack": demo.PACK,
         },
         "args": vars(args),
         "sizes": {},

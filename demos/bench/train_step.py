@@ -12,6 +12,10 @@ matmuls (torch, on the same stream: streamrt wraps torch's stream). Variants:
     fork_gated  "fork" with the default wait_for="stream": the chain starts only when the
                 step's stream reaches the prepare, and the join right after it waits for it
     graph       the pipeline captured once, replayed on the step's stream
+    stream_native, fork_native, graph_native
+                the same with the C host pack (``pack="native"``: one native host function
+                on the driver's thread instead of a Python one on a runtime worker); present
+                when the C pack was built
 
 Measured the way DESIGN §9 asks: the variants are interleaved within each
 round (the order rotates), ``--rounds`` rounds of ``--steps`` steps, medians
@@ -46,12 +50,14 @@ import streamrt as srt
 from streamrt.recipes.fmha_bwd import (
     WorkspaceParams,
     WorkspacePrepare,
+    native_pack_available,
     parse_metadata,
     reference_metadata,
     workspace_size,
 )
 
 VARIANTS = ("none", "sync", "stream", "fork", "fork_gated", "graph")
+NATIVE_VARIANTS = ("stream_native", "fork_native", "graph_native")
 
 
 def add_step_arguments(ap: argparse.ArgumentParser) -> None:
@@ -138,26 +144,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ws = rt.device_allocator.allocate(workspace_size(params), stream=s)
         s.synchronize()
         stage.release()
-        prep = WorkspacePrepare(rt, params, q, k, ws)
-        prep.capture(s)
+        variants = VARIANTS + (NATIVE_VARIANTS if native_pack_available() else ())
+        preps = {"python": WorkspacePrepare(rt, params, q, k, ws)}
+        if native_pack_available():
+            preps["native"] = WorkspacePrepare(rt, params, q, k, ws, pack="native")
+        for p in preps.values():
+            p.capture(s)
         runs: list[srt.Completion] = []
 
         def prepare(variant: str) -> None:
-            if variant == "sync":
+            base = variant.removesuffix("_native")
+            prep = preps["python" if base == variant else "native"]
+            if base == "sync":
                 prep.run_sync(s)
-            elif variant == "stream":
+            elif base == "stream":
                 runs.append(prep.launch(s, "stream"))
-            elif variant == "fork":
+            elif base == "fork":
                 runs.append(prep.launch(s, "fork", wait_for=None))
-            elif variant == "fork_gated":
+            elif base == "fork_gated":
                 runs.append(prep.launch(s, "fork"))
-            elif variant == "graph":
+            elif base == "graph":
                 runs.append(prep.replay(s))
 
         t0, t1 = rt.create_event(timing=True), rt.create_event(timing=True)
-        rows: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
+        rows: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
         for r in range(args.rounds):
-            order = VARIANTS[r % len(VARIANTS) :] + VARIANTS[: r % len(VARIANTS)]
+            order = variants[r % len(variants) :] + variants[: r % len(variants)]
             for variant in order:
                 for _ in range(args.warmup):
                     prepare(variant)
@@ -189,12 +201,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ok = np.array_equal(check.numpy(), reference_metadata(params, seq_q, seq_k))
         used = parse_metadata(check.numpy()).dq_acc_used_bytes
         check.release()
-        prep.close()
+        for p in preps.values():
+            p.close()
         device = f"{rt.backend_name}: {rt.capabilities.device_name}"
 
     base = [row["gpu_us_per_step"] for row in rows["none"]]
     summary: dict[str, dict[str, float]] = {}
-    for v in VARIANTS:
+    for v in rows:
         added = [row["gpu_us_per_step"] - b for row, b in zip(rows[v], base)]
         summary[v] = {
             "gpu_us_per_step": statistics.median(row["gpu_us_per_step"] for row in rows[v]),
@@ -218,6 +231,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "eager_stream": summary["stream"]["host_blocked_us_per_step"],
             "eager_fork": summary["fork"]["host_blocked_us_per_step"],
             "graph_launch": summary["graph"]["host_blocked_us_per_step"],
+            **{f"{v}": summary[v]["host_blocked_us_per_step"] for v in NATIVE_VARIANTS if v in summary},
         },
         "rows": rows,
     }
@@ -237,6 +251,9 @@ def _print(result: dict[str, Any]) -> None:
     print(f"fork added / sync added: {ratio:.3f}" if ratio is not None else "fork added / sync added: n/a")
     e = result["enqueue_us"]
     print(f"enqueue: eager stream {e['eager_stream']:.1f} us, eager fork {e['eager_fork']:.1f} us, graph launch {e['graph_launch']:.1f} us")
+    native = [f"{v} {e[v]:.1f} us" for v in NATIVE_VARIANTS if v in e]
+    if native:
+        print("enqueue, native pack:", ", ".join(native))
     print("metadata matches the reference:", "yes" if result["metadata_matches_reference"] else "NO")
 
 

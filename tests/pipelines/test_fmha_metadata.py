@@ -17,7 +17,9 @@ from streamrt.recipes.fmha_bwd import (
     STATUS_TOTAL_Q_EXCEEDED,
     WorkspaceInputError,
     WorkspaceParams,
+    native_pack_available,
     pack_metadata,
+    pack_metadata_native,
     parse_metadata,
     reference_metadata,
     workspace_size,
@@ -38,11 +40,13 @@ def seqstart(lengths: list[int]) -> np.ndarray:
 
 
 def both(p: WorkspaceParams, ssq: object, ssk: object) -> np.ndarray:
-    """The oracle's bytes, after checking the fast pack writes the same bytes."""
+    """The oracle's bytes, after checking the fast pack (and the C pack, where built) writes the same bytes."""
     ref = reference_metadata(p, ssq, ssk)
     fast = pack_metadata(p, ssq, ssk)
     assert ref.dtype == np.uint8 and ref.size == p.metadata_region_bytes
     np.testing.assert_array_equal(fast, ref)
+    if native_pack_available():
+        np.testing.assert_array_equal(pack_metadata_native(p, ssq, ssk), ref)
     return ref
 
 

@@ -15,6 +15,7 @@ from streamrt.recipes.fmha_bwd import (
     WorkspaceInputError,
     WorkspaceParams,
     WorkspacePrepare,
+    native_pack_available,
     parse_metadata,
     prepare_workspace,
     prepare_workspace_sync,
@@ -65,26 +66,38 @@ class Setup:
         return download(self.rt, self.s, self.ws.view(p.metadata_region_bytes, p.dq_acc_bound_bytes))
 
 
-def _run(prep: WorkspacePrepare, s: srt.Stream, strategy: str) -> int:
+def _run(prep: WorkspacePrepare, s: srt.Stream, strategy: str) -> int | None:
+    """Run one prepare; ``dq_acc_used_bytes`` as the pack returned it (``None``: a native pack returns nothing)."""
     if strategy == "sync":
         return prep.run_sync(s)
     run = prep.replay(s) if strategy == "graph" else prep.launch(s, strategy)
     run.result(10)
-    return int(run.host_result("pack"))
+    return int(run.host_result("pack")) if prep.pack == "python" else None
 
 
 STRATEGIES = ["stream", "fork", "graph", "sync"]
+PACKS = [
+    "python",
+    pytest.param("native", marks=pytest.mark.skipif(not native_pack_available(), reason="the C pack was not built")),
+]
+
+
+@pytest.fixture(params=PACKS)
+def pack(request: pytest.FixtureRequest) -> str:
+    """The host pack of the prepare: the Python one on a runtime worker, or the C one on the driver's thread."""
+    return str(request.param)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_every_strategy_uploads_the_reference_metadata_and_zeroes_dq_acc(rt: srt.Runtime, strategy: str) -> None:
+def test_every_strategy_uploads_the_reference_metadata_and_zeroes_dq_acc(rt: srt.Runtime, strategy: str, pack: str) -> None:
     env = Setup(rt)
     q, k = env.set_seqlens(np.array([5, 0, 200, 33, 1, 64]), np.array([40, 7, 0, 200, 1, 64]))
-    with WorkspacePrepare(rt, PARAMS, env.q, env.k, env.ws) as prep:
-        used = _run(prep, env.s, strategy)
+    with WorkspacePrepare(rt, PARAMS, env.q, env.k, env.ws, pack=pack) as prep:
+        returned = _run(prep, env.s, strategy)
     ref = reference_metadata(PARAMS, q, k)
     assert np.array_equal(env.metadata(), ref)
-    assert used == parse_metadata(ref).dq_acc_used_bytes > 0
+    used = parse_metadata(ref).dq_acc_used_bytes
+    assert used > 0 and returned in (used, None)
     dq = env.dq_acc()
     assert (dq[:used] == 0).all()
     if strategy == "sync":
@@ -94,10 +107,10 @@ def test_every_strategy_uploads_the_reference_metadata_and_zeroes_dq_acc(rt: srt
 
 
 @pytest.mark.parametrize("strategy", ["stream", "fork", "graph"])
-def test_replays_with_changed_seqlens_give_the_new_metadata(rt: srt.Runtime, strategy: str) -> None:
+def test_replays_with_changed_seqlens_give_the_new_metadata(rt: srt.Runtime, strategy: str, pack: str) -> None:
     env = Setup(rt)
     rng = np.random.default_rng(3)
-    with WorkspacePrepare(rt, PARAMS, env.q, env.k, env.ws) as prep:
+    with WorkspacePrepare(rt, PARAMS, env.q, env.k, env.ws, pack=pack) as prep:
         for _ in range(8):
             q, k = env.set_seqlens(rng.integers(0, 200, BATCH), rng.integers(0, 200, BATCH))
             _run(prep, env.s, strategy)
@@ -112,10 +125,10 @@ def test_replays_with_changed_seqlens_give_the_new_metadata(rt: srt.Runtime, str
     sk=st.lists(st.one_of(st.just(0), st.integers(0, 200)), min_size=BATCH, max_size=BATCH),
     strategy=st.sampled_from(STRATEGIES),
 )
-def test_random_and_edge_case_seqlens_match_the_reference(sim_rt: srt.Runtime, sq: list[int], sk: list[int], strategy: str) -> None:
+def test_random_and_edge_case_seqlens_match_the_reference(sim_rt: srt.Runtime, sq: list[int], sk: list[int], strategy: str, pack: str) -> None:
     env = Setup(sim_rt)
     q, k = env.set_seqlens(np.array(sq), np.array(sk))
-    with WorkspacePrepare(sim_rt, PARAMS, env.q, env.k, env.ws) as prep:
+    with WorkspacePrepare(sim_rt, PARAMS, env.q, env.k, env.ws, pack=pack) as prep:
         _run(prep, env.s, strategy)
     assert np.array_equal(env.metadata(), reference_metadata(PARAMS, q, k))
     env.close()
@@ -131,7 +144,7 @@ def test_random_and_edge_case_seqlens_match_the_reference(sim_rt: srt.Runtime, s
     ],
 )
 @pytest.mark.parametrize("strategy", ["fork", "graph"])
-def test_edge_cases(rt: srt.Runtime, batch: int, sq: list[int] | None, sk: list[int] | None, strategy: str) -> None:
+def test_edge_cases(rt: srt.Runtime, batch: int, sq: list[int] | None, sk: list[int] | None, strategy: str, pack: str) -> None:
     rng = np.random.default_rng(batch)
     sq_arr = rng.integers(0, 64, batch) if sq is None else np.array(sq)
     sk_arr = rng.integers(0, 64, batch) if sk is None else np.array(sk)
@@ -141,7 +154,7 @@ def test_edge_cases(rt: srt.Runtime, batch: int, sq: list[int] | None, sk: list[
     )  # fmt: skip
     env = Setup(rt, params)
     q, k = env.set_seqlens(sq_arr, sk_arr)
-    with WorkspacePrepare(rt, params, env.q, env.k, env.ws) as prep:
+    with WorkspacePrepare(rt, params, env.q, env.k, env.ws, pack=pack) as prep:
         _run(prep, env.s, strategy)
     assert np.array_equal(env.metadata(), reference_metadata(params, q, k))
 
@@ -153,6 +166,23 @@ def test_invalid_seqlens_raise_and_upload_the_error_block(rt: srt.Runtime, strat
     with WorkspacePrepare(rt, PARAMS, env.q, env.k, env.ws) as prep, pytest.raises(WorkspaceInputError) as info:
         _run(prep, env.s, strategy)
     assert info.value.status == STATUS_SEQLEN_K_EXCEEDED
+    meta = parse_metadata(env.metadata())
+    assert meta.status == STATUS_SEQLEN_K_EXCEEDED and meta.dq_acc_used_bytes == 0
+
+
+@pytest.mark.skipif(not native_pack_available(), reason="the C pack was not built")
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_invalid_seqlens_with_the_native_pack_upload_the_error_block(rt: srt.Runtime, strategy: str) -> None:
+    # A native host function cannot raise: the eager and graph runs succeed with the error block
+    # uploaded (as the device kernel does); the synchronous path reads the status and raises.
+    env = Setup(rt)
+    env.set_seqlens(np.array([1, 1, 1, 1, 1, 1]), np.array([1, 1, 500, 1, 1, 1]))
+    with WorkspacePrepare(rt, PARAMS, env.q, env.k, env.ws, pack="native") as prep:
+        if strategy == "sync":
+            with pytest.raises(WorkspaceInputError):
+                _run(prep, env.s, strategy)
+        else:
+            assert _run(prep, env.s, strategy) is None
     meta = parse_metadata(env.metadata())
     assert meta.status == STATUS_SEQLEN_K_EXCEEDED and meta.dq_acc_used_bytes == 0
 
@@ -207,7 +237,7 @@ def test_bad_recipe_inputs(rt: srt.Runtime) -> None:
         prep.launch(env.s)
 
 
-def test_mixed_strategies_and_streams_in_flight_leave_no_race_in_the_simulator() -> None:
+def test_mixed_strategies_and_streams_in_flight_leave_no_race_in_the_simulator(pack: str) -> None:
     # Relaunches of one prepare, on two streams, eager and replayed, joined now or later, are
     # serialized by events: the simulator's vector-clock hazard checker sees no unordered access.
     with srt.open_runtime("sim", check_hazards=True) as rt:
@@ -215,7 +245,7 @@ def test_mixed_strategies_and_streams_in_flight_leave_no_race_in_the_simulator()
         env.set_seqlens(np.array([5, 0, 9, 2, 2, 2]), np.array([0, 3, 9, 2, 2, 2]))
         other = rt.create_stream()
         runs: list[srt.Run] = []
-        with WorkspacePrepare(rt, PARAMS, env.q, env.k, env.ws) as prep:
+        with WorkspacePrepare(rt, PARAMS, env.q, env.k, env.ws, pack=pack) as prep:
             for _ in range(3):
                 runs.append(prep.launch(env.s, "fork"))
                 runs.append(prep.launch(other, "fork", wait_for=None))

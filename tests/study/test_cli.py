@@ -99,6 +99,16 @@ def test_doctor_says_when_the_allocators_hot_path_is_not_built(monkeypatch: pyte
     assert ("allocators._fastpath_c was not built" in text) is not native
 
 
+@pytest.mark.parametrize("reason", [None, "streamrt.recipes.fmha_bwd._pack_c was not built (test)"])
+def test_doctor_says_when_the_native_fmha_pack_is_not_built(monkeypatch: pytest.MonkeyPatch, reason: str | None) -> None:
+    from streamrt.recipes.fmha_bwd import native
+
+    monkeypatch.setattr(native, "native_pack_unavailable_reason", lambda: reason)
+    text = str(_doctor.diagnose(backends=("sim",)))
+    assert ("has no native pack" in text) is (reason is not None)
+    assert reason is None or reason in text
+
+
 def test_study_runs_a_script_traced_and_writes_the_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script = tmp_path / "user_script.py"
     script.write_text(

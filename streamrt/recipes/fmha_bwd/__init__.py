@@ -4,9 +4,12 @@
   documented metadata byte layout (the contract a device kernel must match).
 * :mod:`.reference` — the numpy oracle :func:`reference_metadata` and the fast
   host pack :func:`pack_metadata` (byte-identical).
+* :mod:`.native` — the same host pack in C, run as a native host function
+  (:func:`pack_metadata_native`, :class:`NativePack`; optional, built by ``pip install``).
 * :mod:`.pipeline` — the prepare as a streamrt pipeline (:class:`WorkspacePrepare`,
-  :func:`prepare_workspace`; strategies ``"stream"``, ``"fork"``, ``"graph"``) and
-  the old synchronous baseline (``"sync"``, :func:`prepare_workspace_sync`).
+  :func:`prepare_workspace`; strategies ``"stream"``, ``"fork"``, ``"graph"``; packs
+  ``"python"`` and ``"native"``) and the old synchronous baseline (``"sync"``,
+  :func:`prepare_workspace_sync`).
 * :mod:`.device` — the device-side prepare (strategies ``"device"``, ``"device_graph"``):
   :class:`DevicePrepare`, one kernel launch of ``kernels/fmha_bwd_prepare.hip``.
 """
@@ -29,7 +32,9 @@ from .layout import (
     parse_metadata,
     workspace_size,
 )
+from .native import NativePack, native_pack_available, pack_metadata_native
 from .pipeline import (
+    PACKS,
     STRATEGIES,
     WorkspacePrepare,
     prepare_workspace,
@@ -42,6 +47,7 @@ __all__ = [
     "DevicePrepare",
     "METADATA_MAGIC",
     "METADATA_VERSION",
+    "PACKS",
     "STATUS_NEGATIVE_LENGTH",
     "STATUS_OK",
     "STATUS_SEQLEN_K_EXCEEDED",
@@ -49,11 +55,14 @@ __all__ = [
     "STATUS_TOTAL_Q_EXCEEDED",
     "STRATEGIES",
     "MetadataLayout",
+    "NativePack",
     "WorkspaceInputError",
     "WorkspaceMetadata",
     "WorkspaceParams",
     "WorkspacePrepare",
+    "native_pack_available",
     "pack_metadata",
+    "pack_metadata_native",
     "parse_metadata",
     "prepare_workspace",
     "prepare_workspace_device",

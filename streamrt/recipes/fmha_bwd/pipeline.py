@@ -31,10 +31,18 @@ Strategies (:func:`prepare_workspace` and :class:`WorkspacePrepare`):
 * ``"device"`` / ``"device_graph"`` — no host round trip: one kernel computes the
   metadata and zeroes the used dq_acc on the device (:mod:`.device`), eager or captured.
 
+Packs (``pack=``). ``"python"`` (the default) runs :func:`~.reference.pack_metadata`
+on a runtime worker: a Python host node, which costs the stream two host
+functions and holds the GIL while it packs. ``"native"`` runs the C pack of
+:mod:`.native` as a native host node on the driver's thread: one host function,
+no GIL, no runtime thread (it needs the C module, built by ``pip install``).
+
 Errors. Seqlens that do not fit the params (see ``STATUS_*``) make the pack
-write the error block (the kernel then touches nothing) and raise
-:class:`~.layout.WorkspaceInputError`, which surfaces on the Run (and is
-raised directly by ``"sync"``).
+write the error block (the kernel then touches nothing). The Python pack also
+raises :class:`~.layout.WorkspaceInputError`, which surfaces on the Run (and is
+raised directly by ``"sync"``); a native function cannot raise, so with
+``pack="native"`` only ``"sync"`` raises and the eager and graph strategies
+leave the status in the metadata, as the device kernel does.
 """
 
 from __future__ import annotations
@@ -50,15 +58,17 @@ from ..._run import Run, record_tail
 from ..._streampool import pool_for
 from ._plan import PreparePlan
 from .layout import STATUS_OK, WorkspaceInputError, WorkspaceParams, parse_metadata
+from .native import NativePack, native_pack_unavailable_reason
 from .reference import pack_metadata
 
 if TYPE_CHECKING:
     from ..._runtime import Runtime
     from ..._stream import Stream
 
-__all__ = ["STRATEGIES", "WorkspacePrepare", "prepare_workspace", "prepare_workspace_sync"]
+__all__ = ["PACKS", "STRATEGIES", "WorkspacePrepare", "prepare_workspace", "prepare_workspace_sync"]
 
 STRATEGIES = ("stream", "fork", "graph", "sync", "device", "device_graph")  # the last two: .device
+PACKS = ("python", "native")
 
 
 def _align(n: int, a: int) -> int:
@@ -88,6 +98,8 @@ class WorkspacePrepare(PreparePlan):
         params: workspace parameters.
         seqstart_q, seqstart_k: device buffers of ``batch + 1`` int32 each.
         workspace: a device buffer of at least ``workspace_size(params)`` bytes.
+        pack: ``"python"`` or ``"native"`` (the module docstring); ``"native"``
+            raises ``RuntimeError`` when the C pack was not built.
 
     Build once, launch per step: :meth:`launch` (``"stream"``/``"fork"``),
     :meth:`replay` (``"graph"``; captures on first use), :meth:`run_sync`
@@ -96,9 +108,15 @@ class WorkspacePrepare(PreparePlan):
     the staging (reuse waits for the streams) and the graph.
     """
 
-    def __init__(self, rt: Runtime, params: WorkspaceParams, seqstart_q: Any, seqstart_k: Any, workspace: Any) -> None:
+    def __init__(
+        self, rt: Runtime, params: WorkspaceParams, seqstart_q: Any, seqstart_k: Any, workspace: Any, *, pack: str = "python"
+    ) -> None:
         if not isinstance(params, WorkspaceParams):
             raise TypeError(f"params must be WorkspaceParams, not {type(params).__name__}")
+        if pack not in PACKS:
+            raise ValueError(f"unknown pack {pack!r}: use 'python' or 'native'")
+        if pack == "native" and native_pack_unavailable_reason() is not None:
+            raise RuntimeError(f"pack='native' is not available: {native_pack_unavailable_reason()}")
         q = rt.as_buffer(seqstart_q)
         k = rt.as_buffer(seqstart_k)
         ws = rt.as_buffer(workspace)
@@ -124,14 +142,23 @@ class WorkspacePrepare(PreparePlan):
         self._dq_acc = ws.view(region, params.dq_acc_bound_bytes)
         self._meta_dev = ws.view(0, region)
         self._seq = (q.view(0, seq_bytes), k.view(0, seq_bytes))
+        self._native = NativePack(params, stage_q.ptr, stage_k.ptr, meta.ptr) if pack == "native" else None
         p = Pipeline(f"fmha_bwd_prepare[batch={params.batch}]")
         p.memset(self._dq_acc, 0, name="zero_dq_acc")
         d2h_q = p.copy(dst=stage_q, src=self._seq[0], name="d2h_q")
         # A declared edge keeps both small copies on one chain (one side stream under "fork").
         p.copy(dst=stage_k, src=self._seq[1], after=[d2h_q], name="d2h_k")
-        p.host(_pack, params, *self._arrays, reads=[stage_q, stage_k], writes=[meta], name="pack")
+        if self._native is not None:
+            p.host(self._native.function, self._native.args, reads=[stage_q, stage_k], writes=[meta], name="pack")
+        else:
+            p.host(_pack, params, *self._arrays, reads=[stage_q, stage_k], writes=[meta], name="pack")
         p.copy(dst=self._meta_dev, src=meta, name="h2d_meta")
         super().__init__(params, p)  # 5 nodes: memset ∥ D2H q → D2H k → pack → H2D
+
+    @property
+    def pack(self) -> str:
+        """``"python"`` or ``"native"``: which host pack the pipeline runs."""
+        return "python" if self._native is None else "native"
 
     @property
     def staging(self) -> Buffer:
@@ -149,7 +176,7 @@ class WorkspacePrepare(PreparePlan):
         """The old synchronous path; returns ``dq_acc_used_bytes``. Blocks the host twice.
 
         Two D2H copies, each followed by ``stream.synchronize()`` (draining
-        the stream, as ``hipMemcpy`` does), the pack on this thread, then
+        the stream, as ``hipMemcpy`` does), the pack (this prepare's) on this thread, then
         memset(used dq_acc bytes) and the H2D enqueued on ``stream``.
         Raises :class:`WorkspaceInputError` for invalid seqlens (after
         uploading the error block).
@@ -164,7 +191,10 @@ class WorkspacePrepare(PreparePlan):
             stream.copy(stage_k, self._seq[1])
             stream.synchronize()
             q_arr, k_arr, out = self._arrays
-            pack_metadata(self._params, q_arr, k_arr, out=out)
+            if self._native is not None:
+                self._native()
+            else:
+                pack_metadata(self._params, q_arr, k_arr, out=out)
             meta = parse_metadata(out)
             stream.memset(self._dq_acc, 0, meta.dq_acc_used_bytes)
             stream.copy(self._meta_dev, self._meta_host)
@@ -187,13 +217,16 @@ def prepare_workspace(
     seqstart_k: Any,
     workspace: Any,
     strategy: str = "stream",
+    *,
+    pack: str = "python",
 ) -> Completion:
     """One prepare of ``workspace`` on ``stream``; returns its Run (or, for ``"sync"``, a resolved Completion).
 
     Builds a :class:`WorkspacePrepare`, launches it once and closes it at
     once: the staging is released right after the enqueue, and the caching
     allocator keeps it in flight until the stream has passed the prepare.
-    For repeated prepares, keep a :class:`WorkspacePrepare` instead.
+    For repeated prepares, keep a :class:`WorkspacePrepare` instead. ``pack``
+    as for :class:`WorkspacePrepare` (ignored by the device strategies).
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
@@ -201,7 +234,7 @@ def prepare_workspace(
         from .device import prepare_workspace_device
 
         return prepare_workspace_device(rt, stream, params, seqstart_q, seqstart_k, workspace, strategy)
-    prep = WorkspacePrepare(rt, params, seqstart_q, seqstart_k, workspace)
+    prep = WorkspacePrepare(rt, params, seqstart_q, seqstart_k, workspace, pack=pack)
     try:
         if strategy == "sync":
             done = Completion()
