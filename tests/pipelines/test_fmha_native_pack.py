@@ -74,6 +74,20 @@ def test_large_batches_and_many_workers() -> None:
         np.testing.assert_array_equal(pack_metadata_native(p, q, k), reference_metadata(p, q, k))
 
 
+@needs_native
+def test_extreme_invalid_lengths_give_the_error_block() -> None:
+    # Lengths near 2**32 with one-row key blocks and many heads: the C code must neither overflow
+    # nor read past the arrays; the result is the oracle's error block.
+    p = WorkspaceParams(
+        batch=2, nhead=2**20, hdim_q=1, kM0=1, kN0=1, num_cus=7, deterministic=True,
+        max_seqlen_q=2**10, max_seqlen_k=2**10, total_q_padded=16,
+    )  # fmt: skip
+    q = np.array([0, 5, 9], np.int32)
+    k = np.array([-(2**31), 2**31 - 1, 2**31 - 1], np.int32)
+    for kk, qq in ((k, q), (q, k), (k, k)):
+        np.testing.assert_array_equal(pack_metadata_native(p, qq, kk), reference_metadata(p, qq, kk))
+
+
 P = WorkspaceParams(batch=2, nhead=2, hdim_q=8, kM0=16, kN0=16, num_cus=4, deterministic=True, max_seqlen_q=64, max_seqlen_k=64, total_q_padded=128)
 
 
@@ -92,17 +106,32 @@ def test_output_and_arguments_are_checked_before_the_c_code_runs() -> None:
         NativePack({"batch": 2}, 1, 1, 1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="non-null"):
         NativePack(P, 0, 8, 8)
+    huge = WorkspaceParams(batch=1, nhead=2**20, hdim_q=2**20, kM0=1, kN0=1, num_cus=1, deterministic=False, max_seqlen_q=1, max_seqlen_k=1, total_q_padded=2**30)
+    with pytest.raises(ValueError, match="2\\*\\*62"):
+        NativePack(huge, 8, 8, 8)
     out = np.full(P.metadata_region_bytes, 0xEE, np.uint8)
     assert pack_metadata_native(P, q, q, out=out) is out
     np.testing.assert_array_equal(out, reference_metadata(P, q, q))  # every byte written
 
 
-@pytest.mark.skipif(native_pack_available(), reason="the C pack is built here")
-def test_without_the_c_module_native_is_refused_with_the_reason(sim_rt: srt.Runtime) -> None:
+def test_without_the_c_module_native_is_refused_with_the_reason(sim_rt: srt.Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamrt.recipes.fmha_bwd import native, pipeline
+
+    reason = "streamrt.recipes.fmha_bwd._pack_c was not built (no compiler)"
+    monkeypatch.setattr(pipeline, "native_pack_unavailable_reason", lambda: reason)
+    monkeypatch.setattr(native, "native_pack_unavailable_reason", lambda: reason)
+    native._function.cache_clear()
     ws = sim_rt.device_allocator.allocate(workspace_size(P))
     seq = sim_rt.device_allocator.allocate(12)
-    with pytest.raises(RuntimeError, match="not built"):
-        WorkspacePrepare(sim_rt, P, seq, seq, ws, pack="native")
+    before = sim_rt.host_allocator.statistics().in_use_bytes
+    try:
+        with pytest.raises(RuntimeError, match="no compiler"):
+            WorkspacePrepare(sim_rt, P, seq, seq, ws, pack="native")
+        with pytest.raises(RuntimeError, match="no compiler"):
+            pack_metadata_native(P, [0, 1, 2], [0, 1, 2])
+    finally:
+        native._function.cache_clear()
+    assert sim_rt.host_allocator.statistics().in_use_bytes == before  # nothing allocated
 
 
 def test_unknown_pack_is_refused_before_anything_is_allocated(sim_rt: srt.Runtime) -> None:

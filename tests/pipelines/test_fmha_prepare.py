@@ -187,7 +187,7 @@ def test_invalid_seqlens_with_the_native_pack_upload_the_error_block(rt: srt.Run
     assert meta.status == STATUS_SEQLEN_K_EXCEEDED and meta.dq_acc_used_bytes == 0
 
 
-def test_one_shot_prepare_keeps_its_staging_in_flight_until_the_run_completes(rt: srt.Runtime) -> None:
+def test_one_shot_prepare_keeps_its_staging_in_flight_until_the_run_completes(rt: srt.Runtime, pack: str) -> None:
     env = Setup(rt)
     q, k = env.set_seqlens(np.array([5, 6, 7, 8, 9, 10]), np.array([10, 9, 8, 7, 6, 5]))
     gate = Gate()
@@ -195,7 +195,7 @@ def test_one_shot_prepare_keeps_its_staging_in_flight_until_the_run_completes(rt
     try:
         env.s.launch_host_func(gate)
         before = stats().in_flight_bytes
-        run = prepare_workspace(rt, env.s, PARAMS, env.q, env.k, env.ws, strategy="stream")
+        run = prepare_workspace(rt, env.s, PARAMS, env.q, env.k, env.ws, strategy="stream", pack=pack)
         staging = 2 * 64 + PARAMS.metadata_region_bytes
         assert stats().in_flight_bytes >= before + staging  # released by the recipe, still used by the stream
         assert not run.is_done

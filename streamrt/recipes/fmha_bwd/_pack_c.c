@@ -11,7 +11,8 @@
  * args points at ARGS_FIELDS int64 values (native.py builds them):
  *   batch, nhead, hdim_q, kM0, kN0, num_cus, deterministic, max_seqlen_q, max_seqlen_k,
  *   total_q_padded, seqstart_q address, seqstart_k address, metadata address.
- * The parameters are those of a validated WorkspaceParams; the output holds region_bytes.
+ * The parameters are those of a validated WorkspaceParams whose workspace_bytes < 2**62 (so every
+ * size below fits in int64); the output holds region_bytes.
  * Work: O(batch * nhead + num_cus * log(batch)). Scratch (each batch's first-unit weight
  * and index) lives in the offsets / nsplits arrays of the output until they are written.
  *
@@ -60,7 +61,7 @@ static batch_t batch_at(const shape_t *s, int64_t b) {
     r.sk = (int64_t)s->ssk[b + 1] - (int64_t)s->ssk[b];
     r.nc = ceil_div(max64(r.sk, 0), s->kN0);
     r.w = ceil_div(max64(r.sq, 1), s->kM0) * s->kM0;
-    r.units = s->nhead * r.nc;
+    r.units = (int64_t)((uint64_t)s->nhead * (uint64_t)r.nc); /* wraps only for invalid lengths, never used then */
     return r;
 }
 
@@ -120,16 +121,21 @@ static void streamrt_fmha_bwd_pack(void *user_data) {
 
     memset(out, 0, (size_t)region_bytes);
 
-    /* Validation, total weight W and units U. */
+    /* Validation, and the total weight W and units U of the deterministic split. Only valid
+     * batches are summed (W is used only when every batch is): then sum(units) <= 2**31 by
+     * WorkspaceParams' bound and every w <= max_seqlen_q + kM0, so W fits in 63 bits. */
     uint32_t status = 0;
     int64_t W = 0, U = 0;
     for (int64_t b = 0; b < B; ++b) {
         const batch_t bb = batch_at(s, b);
-        if (bb.sq < 0 || bb.sk < 0) status |= STATUS_NEGATIVE_LENGTH;
-        if (bb.sk > a[A_MAX_SEQLEN_K]) status |= STATUS_SEQLEN_K_EXCEEDED;
-        if (bb.sq > a[A_MAX_SEQLEN_Q]) status |= STATUS_SEQLEN_Q_EXCEEDED;
-        W += bb.units * bb.w;
-        U += bb.units;
+        const uint32_t bad = (bb.sq < 0 || bb.sk < 0 ? STATUS_NEGATIVE_LENGTH : 0) |
+                             (bb.sk > a[A_MAX_SEQLEN_K] ? STATUS_SEQLEN_K_EXCEEDED : 0) |
+                             (bb.sq > a[A_MAX_SEQLEN_Q] ? STATUS_SEQLEN_Q_EXCEEDED : 0);
+        status |= bad;
+        if (det && !bad) {
+            W += bb.units * bb.w;
+            U += bb.units;
+        }
     }
     if ((int64_t)s->ssq[B] - (int64_t)s->ssq[0] > a[A_TOTAL_Q_PADDED]) status |= STATUS_TOTAL_Q_EXCEEDED;
     const int ok = status == 0;
@@ -179,7 +185,7 @@ static void streamrt_fmha_bwd_pack(void *user_data) {
     for (int64_t b = 0; b < B; ++b) {
         const batch_t bb = batch_at(s, b);
         const int64_t ns = !ok ? 0 : !det ? 1 : split ? batch_splits(S, bb.nc, bb.w, q, H) : 0;
-        S += bb.units * bb.w;
+        if (split) S += bb.units * bb.w;
         nsplits[b] = (int32_t)ns;
         nsplits_max = max64(nsplits_max, ns);
         O += H * ns * max64(bb.sq, 0) * HD;

@@ -80,7 +80,8 @@ class NativePack:
     its runs and graphs). :attr:`function` is a ctypes ``CFUNCTYPE(None, c_void_p)``
     that a pipeline's ``host`` node runs natively; :meth:`__call__` runs it on
     this thread (the GIL released). Raises ``RuntimeError`` when the C module
-    is not available.
+    is not available, ``ValueError`` for a null address or a workspace of 2**62
+    bytes or more.
     """
 
     __slots__ = ("args", "function", "params")
@@ -88,6 +89,8 @@ class NativePack:
     def __init__(self, params: WorkspaceParams, seqstart_q_address: int, seqstart_k_address: int, out_address: int) -> None:
         if not isinstance(params, WorkspaceParams):
             raise TypeError(f"params must be WorkspaceParams, not {type(params).__name__}")
+        if params.workspace_bytes >= 1 << 62:  # the C code computes every size in int64
+            raise ValueError(f"a workspace of {params.workspace_bytes} bytes is beyond the native pack (< 2**62)")
         for what, address in (("seqstart_q", seqstart_q_address), ("seqstart_k", seqstart_k_address), ("out", out_address)):
             if isinstance(address, bool) or not isinstance(address, int) or address <= 0:
                 raise ValueError(f"{what}_address must be a non-null address, got {address!r}")
