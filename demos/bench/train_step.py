@@ -16,6 +16,10 @@ matmuls (torch, on the same stream: streamrt wraps torch's stream). Variants:
                 the same with the C host pack (``pack="native"``: one native host function
                 on the driver's thread instead of a Python one on a runtime worker); present
                 when the C pack was built
+    raw_stream_native, raw_graph_native
+                the floors of the two above: the same backend calls made directly (memset,
+                two D2H, the C pack as a host function, H2D), or the backend's launch of
+                the captured graph, with no Run, keepalive or ordering of relaunches
 
 Measured the way DESIGN §9 asks: the variants are interleaved within each
 round (the order rotates), ``--rounds`` rounds of ``--steps`` steps, medians
@@ -37,6 +41,7 @@ skipped and times are the simulator's virtual clock: a functional run only.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import statistics
 import sys
@@ -47,7 +52,9 @@ from typing import Any
 import numpy as np
 
 import streamrt as srt
+from streamrt._backends.protocol import MemcpyKind
 from streamrt.recipes.fmha_bwd import (
+    NativePack,
     WorkspaceParams,
     WorkspacePrepare,
     native_pack_available,
@@ -57,7 +64,7 @@ from streamrt.recipes.fmha_bwd import (
 )
 
 VARIANTS = ("none", "sync", "stream", "fork", "fork_gated", "graph")
-NATIVE_VARIANTS = ("stream_native", "fork_native", "graph_native")
+NATIVE_VARIANTS = ("stream_native", "fork_native", "graph_native", "raw_stream_native", "raw_graph_native")
 
 
 def add_step_arguments(ap: argparse.ArgumentParser) -> None:
@@ -131,6 +138,41 @@ def _torch_work(rt: srt.Runtime, size: int, count: int) -> tuple[srt.Stream, Cal
     return stream, matmuls, f"torch {torch.__version__}: {count} bf16 {size}x{size} matmuls per step"
 
 
+def _raw_native(
+    rt: srt.Runtime, s: srt.Stream, params: WorkspaceParams, q: srt.Buffer, k: srt.Buffer, ws: srt.Buffer, preps: dict[str, WorkspacePrepare]
+) -> dict[str, Callable[[], None]]:
+    """The raw floors of ``stream_native`` and ``graph_native`` (pre-converted handles), and ``close``."""
+    b, h = rt.backend, s._handle
+    region, seq = params.metadata_region_bytes, q.nbytes
+    slot = -(-seq // 64) * 64
+    staging = rt.host_allocator.allocate(2 * slot + region)
+    stage_q, stage_k, meta = staging.ptr, staging.ptr + slot, staging.ptr + 2 * slot
+    pack = NativePack(params, stage_q, stage_k, meta)
+    fn, user_data = _address(pack.function), _address(pack.args)
+    graph = preps["native"].graph
+    assert graph is not None
+    exec_handle = graph._state.exec  # type: ignore[union-attr]
+    d2h, h2d = MemcpyKind.DEVICE_TO_HOST, MemcpyKind.HOST_TO_DEVICE
+
+    def raw_stream(_keep: NativePack = pack) -> None:  # the argument block must outlive the host functions
+        b.memset_async(ws.ptr + region, 0, params.dq_acc_bound_bytes, h)
+        b.memcpy_async(stage_q, q.ptr, seq, d2h, h)
+        b.memcpy_async(stage_k, k.ptr, seq, d2h, h)
+        b.launch_host_func(h, fn, user_data)
+        b.memcpy_async(ws.ptr, meta, region, h2d, h)
+
+    def close() -> None:
+        s.synchronize()
+        staging.release()
+
+    return {"raw_stream_native": raw_stream, "raw_graph_native": lambda: b.graph_launch(exec_handle, h), "close": close}
+
+
+def _address(obj: Any) -> int:
+    """The address of a ctypes function pointer, or of a ctypes object's memory."""
+    return int(ctypes.cast(obj, ctypes.c_void_p).value or 0) if isinstance(obj, ctypes._CFuncPtr) else ctypes.addressof(obj)  # type: ignore[attr-defined]
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     params, seq_q, seq_k = seed_workload(args)
     with srt.open_runtime(args.backend) as rt:
@@ -151,8 +193,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for p in preps.values():
             p.capture(s)
         runs: list[srt.Completion] = []
+        raw = _raw_native(rt, s, params, q, k, ws, preps) if "native" in preps else {}
 
         def prepare(variant: str) -> None:
+            if variant in raw:
+                raw[variant]()
+                return
             base = variant.removesuffix("_native")
             prep = preps["python" if base == variant else "native"]
             if base == "sync":
@@ -203,6 +249,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         check.release()
         for p in preps.values():
             p.close()
+        if raw:
+            raw["close"]()
         device = f"{rt.backend_name}: {rt.capabilities.device_name}"
 
     base = [row["gpu_us_per_step"] for row in rows["none"]]
@@ -240,11 +288,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _print(result: dict[str, Any]) -> None:
     print(f"{result['device']} — {result['work']}")
     print(f"{result['rounds']} interleaved rounds x {result['steps']} steps, medians over rounds")
-    print(f"{'variant':<12}{'GPU us/step':>13}{'added us':>11}{'(min..max)':>18}{'host blocked us':>17}")
+    print(f"{'variant':<18}{'GPU us/step':>13}{'added us':>11}{'(min..max)':>18}{'host blocked us':>17}")
     for v, row in result["summary"].items():
         spread = f"{row['added_min_us']:.0f}..{row['added_max_us']:.0f}"
         print(
-            f"{v:<12}{row['gpu_us_per_step']:>13.1f}{row['added_gpu_us_per_step']:>11.1f}{spread:>18}"
+            f"{v:<18}{row['gpu_us_per_step']:>13.1f}{row['added_gpu_us_per_step']:>11.1f}{spread:>18}"
             f"{row['host_blocked_us_per_step']:>17.1f}"
         )
     ratio = result["fork_over_sync_ratio"]
