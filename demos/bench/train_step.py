@@ -139,9 +139,9 @@ def _torch_work(rt: srt.Runtime, size: int, count: int) -> tuple[srt.Stream, Cal
 
 
 def _raw_native(
-    rt: srt.Runtime, s: srt.Stream, params: WorkspaceParams, q: srt.Buffer, k: srt.Buffer, ws: srt.Buffer, preps: dict[str, WorkspacePrepare]
+    rt: srt.Runtime, s: srt.Stream, params: WorkspaceParams, q: srt.Buffer, k: srt.Buffer, ws: srt.Buffer, graph: Any
 ) -> dict[str, Callable[[], None]]:
-    """The raw floors of ``stream_native`` and ``graph_native`` (pre-converted handles), and ``close``."""
+    """The raw floors of ``stream_native`` and of replaying ``graph`` (pre-converted handles), and ``close``."""
     b, h = rt.backend, s._handle
     region, seq = params.metadata_region_bytes, q.nbytes
     slot = -(-seq // 64) * 64
@@ -149,9 +149,7 @@ def _raw_native(
     stage_q, stage_k, meta = staging.ptr, staging.ptr + slot, staging.ptr + 2 * slot
     pack = NativePack(params, stage_q, stage_k, meta)
     fn, user_data = _address(pack.function), _address(pack.args)
-    graph = preps["native"].graph
-    assert graph is not None
-    exec_handle = graph._state.exec  # type: ignore[union-attr]
+    exec_handle = graph._state.exec
     d2h, h2d = MemcpyKind.DEVICE_TO_HOST, MemcpyKind.HOST_TO_DEVICE
 
     def raw_stream(_keep: NativePack = pack) -> None:  # the argument block must outlive the host functions
@@ -193,7 +191,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for p in preps.values():
             p.capture(s)
         runs: list[srt.Completion] = []
-        raw = _raw_native(rt, s, params, q, k, ws, preps) if "native" in preps else {}
+        raw = _raw_native(rt, s, params, q, k, ws, preps["native"].graph) if "native" in preps else {}
 
         def prepare(variant: str) -> None:
             if variant in raw:
@@ -279,7 +277,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "eager_stream": summary["stream"]["host_blocked_us_per_step"],
             "eager_fork": summary["fork"]["host_blocked_us_per_step"],
             "graph_launch": summary["graph"]["host_blocked_us_per_step"],
-            **{f"{v}": summary[v]["host_blocked_us_per_step"] for v in NATIVE_VARIANTS if v in summary},
+            **{v: summary[v]["host_blocked_us_per_step"] for v in NATIVE_VARIANTS if v in summary},
         },
         "rows": rows,
     }
