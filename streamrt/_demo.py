@@ -8,8 +8,10 @@ can be built), then a consumer that reads the workspace. The compute keeps the
 device busy longer than the host takes to enqueue a step, so on a GPU the
 step time measures the device, as in a real training step. Strategies come
 from the recipe (:data:`streamrt.recipes.fmha_bwd.pipeline.STRATEGIES`); ones
-the recipe or the device lacks are skipped with a note. ``none`` (compute and
-consumer only) is the baseline that "GPU time added" is measured against.
+the recipe or the device lacks are skipped with a note; ``stream_native`` and
+``graph_native`` run the recipe's C pack as a native host function
+(``pack="native"``) where it was built. ``none`` (compute and consumer only) is
+the baseline that "GPU time added" is measured against.
 
 For each strategy the demo measures, on the main stream, the step time
 (timing events between step starts: virtual time on the simulator), the host
@@ -45,8 +47,10 @@ from ._trace import Trace, start_trace, stop_trace
 
 __all__ = ["DemoResult", "StrategyResult", "discover_strategies", "run_demo", "run_workload"]
 
-#: The strategies the demo wants, in table order; the recipe says which exist.
-WANTED = ("sync", "stream", "fork", "graph", "device")
+#: The strategies the demo wants, in table order; the recipe says which exist. ``*_native``: the
+#: same with the recipe's C pack as a native host function (``pack="native"``), where it was built.
+WANTED = ("sync", "stream", "fork", "graph", "stream_native", "graph_native", "device")
+NATIVE_SUFFIX = "_native"
 BASELINE = "none"
 MAIN = "main"
 
@@ -134,13 +138,19 @@ def discover_strategies(rt: Runtime | None = None) -> list[StrategyInfo]:
     except ImportError as exc:
         return [StrategyInfo(n, False, f"the workspace recipe is not available ({exc})") for n in WANTED]
     offered = tuple(getattr(recipe, "STRATEGIES", ()))
+    from .recipes.fmha_bwd.native import native_pack_unavailable_reason
+
+    no_native = native_pack_unavailable_reason()
     out = []
     for name in WANTED:
+        if name.endswith(NATIVE_SUFFIX) and no_native is not None:
+            out.append(StrategyInfo(name, False, f"needs the recipe's C pack: {no_native}"))
+            continue
         match = _recipe_name(name, offered)
         if match is None:
             why = "needs the device-side pack kernel (kernels issue); not in this build" if name == "device" else "not offered by the recipe"
             out.append(StrategyInfo(name, False, why))
-        elif name == "graph" and rt is not None and not rt.capabilities.supports_graphs:
+        elif name.startswith("graph") and rt is not None and not rt.capabilities.supports_graphs:
             out.append(StrategyInfo(match, False, f"the {rt.backend_name} backend does not support graphs"))
         else:
             out.append(StrategyInfo(match, True))
@@ -154,6 +164,8 @@ def discover_strategies(rt: Runtime | None = None) -> list[StrategyInfo]:
 def _recipe_name(wanted: str, offered: Sequence[str]) -> str | None:
     if wanted in offered:
         return wanted
+    if wanted.endswith(NATIVE_SUFFIX) and wanted.removesuffix(NATIVE_SUFFIX) in offered:
+        return wanted
     if wanted == "device":
         for name in offered:
             if "device" in name:
@@ -165,7 +177,7 @@ class _Workload:
     """Buffers, the prepare and the per-step enqueue of one runtime."""
 
     def __init__(self, rt: Runtime, stream: Any, *, compute_ops: int, compute_bytes: int, compute_us: float, seed: int = 0) -> None:
-        from .recipes.fmha_bwd import WorkspaceParams, reference_metadata
+        from .recipes.fmha_bwd import WorkspaceParams, native_pack_available, reference_metadata
         from .recipes.fmha_bwd.pipeline import WorkspacePrepare
 
         self.rt = rt
@@ -197,6 +209,9 @@ class _Workload:
         # memsets of the activations stand in only where no spin kernel runs
         self.activations = None if self.compute_us else dev.allocate(compute_bytes, stream=stream)
         self.prep = WorkspacePrepare(rt, self.params, self.seq_q, self.seq_k, self.workspace)
+        self.native_prep = (
+            WorkspacePrepare(rt, self.params, self.seq_q, self.seq_k, self.workspace, pack="native") if native_pack_available() else None
+        )
         stream.synchronize()
 
     @property
@@ -227,15 +242,19 @@ class _Workload:
     def step(self, strategy: str) -> None:
         s = self.stream
         join: Callable[[], None] | None = None
+        prep = self.prep
+        if strategy.endswith(NATIVE_SUFFIX):
+            assert self.native_prep is not None  # discover_strategies offers *_native only then
+            prep, strategy = self.native_prep, strategy.removesuffix(NATIVE_SUFFIX)
         if strategy == "sync":
-            self.prep.run_sync(s)
+            prep.run_sync(s)
         elif strategy == "stream":
-            self.prep.launch(s, "stream")
+            prep.launch(s, "stream")
         elif strategy == "fork":
-            run = self.prep.launch(s, "fork", join=False)
+            run = prep.launch(s, "fork", join=False)
             join = lambda: run.join(s)  # noqa: E731
         elif strategy == "graph":
-            self.prep.replay(s)
+            prep.replay(s)
         elif strategy != BASELINE:
             from .recipes.fmha_bwd.pipeline import prepare_workspace
 
@@ -257,6 +276,8 @@ class _Workload:
     def close(self) -> None:
         self.stream.synchronize()
         self.prep.close()
+        if self.native_prep is not None:
+            self.native_prep.close()
         for b in (self.seq_q, self.seq_k, self.workspace, self.consumed, self.check_host, self.activations):
             if b is not None:
                 b.release()

@@ -17,6 +17,7 @@ from streamrt._calibrate import calibrate
 from streamrt._cli import main
 from streamrt._errors import BackendUnavailableError
 from streamrt._progress import Progress
+from streamrt.recipes.fmha_bwd import native_pack_available
 
 
 def test_demo_runs_end_to_end_on_sim(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -39,6 +40,10 @@ def test_demo_runs_end_to_end_on_sim(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert rows["stream"]["added_us"] > rows["fork"]["added_us"] + 40
     assert rows["stream"]["bubble_causes"]["host_function"] > 0
     assert rows["sync"]["bubble_causes"]["host"] > 0
+    if native_pack_available():  # one native host function costs the stream less than a Python one's two
+        assert rows["stream_native"]["added_us"] < rows["stream"]["added_us"] - 20
+        assert rows["graph_native"]["added_us"] < rows["graph"]["added_us"] - 20
+        assert rows["stream_native"]["host_blocked_us"] == 0
     if png_ok():
         w, h = png_size((tmp_path / "timeline.png").read_bytes())
         assert w > 800 and h > 400
@@ -97,6 +102,17 @@ def test_doctor_says_when_the_allocators_hot_path_is_not_built(monkeypatch: pyte
     monkeypatch.setattr(_fastpath, "NATIVE", native)
     text = str(_doctor.diagnose(backends=("sim",)))
     assert ("allocators._fastpath_c was not built" in text) is not native
+
+
+def test_demo_skips_the_native_strategies_without_the_c_pack(monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamrt import _demo
+    from streamrt.recipes.fmha_bwd import native
+
+    monkeypatch.setattr(native, "native_pack_unavailable_reason", lambda: "_pack_c was not built (test)")
+    infos = {i.name: i for i in _demo.discover_strategies()}
+    for name in ("stream_native", "graph_native"):
+        assert not infos[name].available and "_pack_c was not built (test)" in infos[name].note
+    assert infos["stream"].available and infos["graph"].available
 
 
 @pytest.mark.parametrize("reason", [None, "streamrt.recipes.fmha_bwd._pack_c was not built (test)"])
