@@ -1,6 +1,6 @@
 """The caching allocators' hot path: a cache hit, and the release of a block no stream used.
 
-:class:`FastPath` is implemented twice with one contract: in C (``_fastpath.c``, built by
+:class:`FastPath` is implemented twice with one contract: in C (``_fastpath_c.c``, built by
 ``pip install``; what :data:`FastPath` is when it was built) and here in Python
 (:class:`PyFastPath`, the fallback). The tests run the allocators over both.
 

@@ -53,6 +53,7 @@ import numpy as np
 
 import streamrt as srt
 from streamrt._backends.protocol import MemcpyKind
+from streamrt._stream import native_function_address
 from streamrt.recipes.fmha_bwd import (
     NativePack,
     WorkspaceParams,
@@ -148,7 +149,8 @@ def _raw_native(
     staging = rt.host_allocator.allocate(2 * slot + region)
     stage_q, stage_k, meta = staging.ptr, staging.ptr + slot, staging.ptr + 2 * slot
     pack = NativePack(params, stage_q, stage_k, meta)
-    fn, user_data = _address(pack.function), _address(pack.args)
+    fn, user_data = native_function_address(pack.function), ctypes.addressof(pack.args)
+    assert fn is not None
     exec_handle = graph._state.exec
     d2h, h2d = MemcpyKind.DEVICE_TO_HOST, MemcpyKind.HOST_TO_DEVICE
 
@@ -164,11 +166,6 @@ def _raw_native(
         staging.release()
 
     return {"raw_stream_native": raw_stream, "raw_graph_native": lambda: b.graph_launch(exec_handle, h), "close": close}
-
-
-def _address(obj: Any) -> int:
-    """The address of a ctypes function pointer, or of a ctypes object's memory."""
-    return int(ctypes.cast(obj, ctypes.c_void_p).value or 0) if isinstance(obj, ctypes._CFuncPtr) else ctypes.addressof(obj)  # type: ignore[attr-defined]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
