@@ -255,7 +255,7 @@ def test_an_abandoned_await_closed_by_the_garbage_collector_does_not_take_the_st
     Only a cancellation (delivered by the loop) unregisters the wait; a GeneratorExit must not
     touch the lock, or a GC pass inside ``add_done_callback`` would deadlock its own thread.
     """
-    import streamrt._completion as completion_module
+    import streamrt._completion._future as completion_module
 
     guard = _NoReentryLock()
     monkeypatch.setattr(completion_module, "_state_lock", guard)

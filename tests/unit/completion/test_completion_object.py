@@ -16,7 +16,7 @@ import warnings
 import pytest
 
 from streamrt import Completion
-from streamrt._completion import _LoopNotifier
+from streamrt._completion._future import _LoopNotifier
 
 
 def _resolve_later(c: Completion, delay: float, value: object = None, exc: BaseException | None = None) -> threading.Thread:

@@ -1,0 +1,703 @@
+"""The completion engine: one per runtime; lanes, host-call workers, the event pool, shutdown."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .._errors import CaptureError, ClosedError
+from .._hostcall import (
+    DEFAULT_SWITCH_INTERVAL,
+    HostChannel,
+    HostSlot,
+    HostWorkEstimates,
+    switch_interval_guard,
+)
+from .._watchdog import Watchdog
+from ._future import DEFAULT_AWAIT_POLL_US, Completion, PostBatch, _LoopNotifier, _polling
+from ._lane import _Entry, _Lane, _pop_all
+
+if TYPE_CHECKING:
+    from .._backends.protocol import Backend
+
+__all__ = ["CompletionEngine", "CompletionStatistics"]
+
+_log = logging.getLogger("streamrt")
+
+_live_engines: weakref.WeakSet[CompletionEngine] = weakref.WeakSet()
+
+@dataclass(frozen=True)
+class CompletionStatistics:
+    """A snapshot of one engine.
+
+    Attributes:
+        pending: watched events not yet retired (includes host-call guards).
+        retired: watched events retired since the engine was created.
+        failed: of those, retired with an error (a wait that raised).
+        batches: blocking waits that retired at least one event; ``retired /
+            batches`` is the mean batch size.
+        max_batch: the most events retired after one blocking wait.
+        lanes: live lane threads.
+        workers: live host-call and host-slot worker threads.
+        host_calls: Python host calls submitted since creation (eager).
+        host_calls_pending: Python host calls (eager and armed slot runs) not
+            yet run or abandoned.
+        host_slots: live graph host slots.
+        pooled_events: idle events in the event pool.
+        events_created: events the pool ever created.
+        switch_interval_lowered: the engine currently holds the switch
+            interval lowered (a Python host call is in flight).
+        loop_closed_warned: a completion arrived for an already closed event
+            loop (the one warning was issued).
+        closed: the engine is closed.
+        watchdog_wakeups: timed wake-ups of the watchdog thread (it has none
+            while nothing is queued).
+        watchdog_failed_lanes: lanes the watchdog failed (a wait that made no
+            progress while ``event_query`` raised).
+    """
+
+    pending: int
+    retired: int
+    failed: int
+    batches: int
+    max_batch: int
+    lanes: int
+    workers: int
+    host_calls: int
+    host_calls_pending: int
+    host_slots: int
+    pooled_events: int
+    events_created: int
+    switch_interval_lowered: bool
+    loop_closed_warned: bool
+    closed: bool
+    watchdog_wakeups: int = 0
+    watchdog_failed_lanes: int = 0
+
+
+
+
+def _default_exit_timeout() -> float:
+    try:
+        return float(os.environ.get("STREAMRT_EXIT_TIMEOUT", "5"))
+    except ValueError:
+        return 5.0
+
+
+class CompletionEngine:
+    """Retires GPU work and runs Python host functions on runtime threads. One per runtime.
+
+    Args:
+        backend: the runtime's backend.
+        device: the device the runtime uses; lane threads make it current.
+        python_host_switch_interval: while a Python host call is in flight,
+            lower ``sys.setswitchinterval`` to this many seconds (default
+            10 µs) so its worker gets the GIL promptly; ``None`` never touches
+            the interpreter setting. See :mod:`streamrt._hostcall`.
+        stream_signals: ``True`` holds a stream for a Python host call with a
+            device-side wait on a signal (one host function per call) where the
+            backend supports it; by default a second host function,
+            ``sem_wait(done)``, holds it. See :mod:`streamrt._hostcall` for
+            why the signal hold is opt-in (a deadlock it can cause).
+        max_pooled_events: idle events kept for reuse; more are destroyed.
+        exit_timeout: how long the ``atexit`` hook waits for in-flight work
+            before giving up on it (default ``$STREAMRT_EXIT_TIMEOUT`` or 5 s).
+        watchdog_interval: seconds between the watchdog's checks while work is
+            queued (see :mod:`streamrt._watchdog`); ``None`` runs no watchdog.
+        watchdog_threshold: a lane's oldest entry must have been waited for
+            this long before the watchdog queries its event.
+        await_poll_us: how long an ``await`` of a pending Completion polls
+            its lanes from the awaiting task (see ``Completion._poll_lanes``);
+            0 leaves every await to the lane threads.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        device: int,
+        *,
+        python_host_switch_interval: float | None = DEFAULT_SWITCH_INTERVAL,
+        stream_signals: bool = False,
+        max_pooled_events: int = 1024,
+        exit_timeout: float | None = None,
+        watchdog_interval: float | None = 0.5,
+        watchdog_threshold: float = 1.0,
+        await_poll_us: float = DEFAULT_AWAIT_POLL_US,
+    ) -> None:
+        if python_host_switch_interval is not None and not python_host_switch_interval > 0:
+            raise ValueError(f"python_host_switch_interval must be > 0 or None, got {python_host_switch_interval!r}")
+        if watchdog_interval is not None and not watchdog_interval > 0:
+            raise ValueError(f"watchdog_interval must be > 0 or None, got {watchdog_interval!r}")
+        if not watchdog_threshold >= 0:
+            raise ValueError(f"watchdog_threshold must be >= 0, got {watchdog_threshold!r}")
+        if isinstance(await_poll_us, bool) or not isinstance(await_poll_us, (int, float)) or not 0 <= await_poll_us <= 1e6:
+            raise ValueError(f"await_poll_us must be a number of microseconds from 0 to 1e6, got {await_poll_us!r}")
+        self._await_poll_ns = int(await_poll_us * 1000)
+        self._backend = backend
+        self._device = device
+        self._switch_interval = python_host_switch_interval
+        self._max_pooled = max_pooled_events
+        self.exit_timeout = _default_exit_timeout() if exit_timeout is None else exit_timeout
+        self._lock = threading.Lock()
+        self._lanes: dict[int, _Lane] = {}
+        self._retiring: set[_Lane] = set()  # lanes of forgotten streams, still retiring their work
+        self._channels: dict[int, HostChannel] = {}
+        self._uses_signals = bool(stream_signals and backend.capabilities(device).supports_stream_signals)
+        # idle signals for new channels; None: channels hold their stream with sem_wait(done)
+        self._signals: list[int] | None = [] if self._uses_signals else None
+        self._slots: set[HostSlot] = set()
+        self._pool: list[int] = []
+        self._events_created = 0
+        self._host_calls = 0
+        self._python_in_flight = 0
+        self._holds_guard = False
+        self._retired_gone = [0, 0, 0]  # retired, failed, batches of released lanes
+        self._max_batch_gone = 0
+        self._notifier = _LoopNotifier()
+        # On a simulator, Python host functions are timed so that simulated streams wait as long.
+        self._expect_host_work: Callable[[Any], None] | None = getattr(backend, "expect_host_work", None)
+        self._host_work = HostWorkEstimates() if callable(self._expect_host_work) else None
+        self._watchdog_interval = watchdog_interval
+        self._watchdog_threshold = watchdog_threshold
+        self._watchdog: Watchdog | None = None  # started with the first lane
+        self._closing = False
+        self._closed = False
+        _live_engines.add(self)
+
+    # -- lanes -------------------------------------------------------------------
+    def _lane(self, key: int) -> _Lane:
+        lane = self._lanes.get(key)
+        if lane is not None:
+            return lane
+        with self._lock:
+            self._check_open()
+            lane = self._lanes.get(key)
+            if lane is None:
+                if self._watchdog is None and self._watchdog_interval is not None:
+                    watchdog = Watchdog(self, self._watchdog_interval, self._watchdog_threshold)
+                    self._register_thread(watchdog.thread)
+                    watchdog.thread.start()
+                    self._watchdog = watchdog
+                lane = _Lane(self, key)
+                self._register_thread(lane.thread)
+                lane.thread.start()
+                self._lanes[key] = lane
+        return lane
+
+    def _all_lanes(self) -> list[_Lane]:
+        """Every lane that may hold work: live ones and those of forgotten streams."""
+        with self._lock:
+            return [*self._lanes.values(), *self._retiring]
+
+    def _fail_entries(self, entries: list[_Entry], error: BaseException) -> None:
+        """Resolve entries taken from a failed lane with ``error`` (watchdog or pushing thread).
+
+        Like a failed wait on the lane: keepalives dropped, callbacks called
+        with the error, Completions resolved, host calls that did not run
+        abandoned. Their events are leaked, not pooled or destroyed: a lane
+        thread may still be blocked in the driver on one of them.
+        """
+        posts: PostBatch = {}
+        for entry in entries:
+            entry.keepalive = None
+            callback, entry.callback = entry.callback, None
+            if callback is not None:
+                try:
+                    callback(error)
+                except Exception:  # noqa: BLE001
+                    _log.exception("exception in completion-engine callback %r", callback)
+            completion, entry.completion = entry.completion, None
+            if completion is not None:
+                completion._resolve(None, error, posts)
+            request, entry.request = entry.request, None
+            if request is not None and entry.channel is not None:
+                try:
+                    entry.channel.retire(request, error, posts)
+                except Exception:  # noqa: BLE001
+                    _log.exception("could not abandon a Python host call of a failed lane")
+        for loop, futures in posts.items():
+            try:
+                self._notifier.post(loop, futures)
+            except Exception:  # noqa: BLE001
+                _log.exception("could not wake an event loop")
+        with self._lock:
+            self._retired_gone[0] += len(entries)
+            self._retired_gone[1] += len(entries)
+
+    def _register_thread(self, thread: threading.Thread) -> None:
+        """Mark ``thread`` (before it starts) as one of this engine's own."""
+        thread._streamrt_engine = self  # type: ignore[attr-defined]
+
+    def owns_thread(self, thread: threading.Thread | None = None) -> bool:
+        """``True`` if ``thread`` (default: the calling thread) is one of this engine's lanes or workers.
+
+        The calling thread also counts while it retires this engine's work for
+        an await that polls (its done callbacks run there).
+        """
+        if thread is None and getattr(_polling, "engine", None) is self:
+            return True
+        t = threading.current_thread() if thread is None else thread
+        return getattr(t, "_streamrt_engine", None) is self
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise ClosedError("the completion engine (runtime) is closed")
+
+    def watch_event(self, event: int, lane: int, callback: Callable[[BaseException | None], None]) -> None:
+        """Call ``callback(None)`` on lane ``lane``'s thread once the recorded ``event`` completes.
+
+        ``lane``: the handle of the stream ``event`` was recorded on (a lane
+        relies on its events completing in the order they were watched).
+        ``event`` must already be recorded and must be blocking-sync; the
+        caller keeps it alive, and does not record it again, until the
+        callback ran. ``callback(error)`` gets the exception if waiting for
+        the event raised. Callbacks of one lane run in the order they were
+        watched.
+        """
+        self._check_open()
+        self._lane(lane).push(_Entry(event, callback, None, None, False))
+
+    def lanes_of(self, lane: int) -> tuple[_Lane, ...]:
+        """What a Completion resolved on lane ``lane`` polls when awaited (see ``Completion._lanes``)."""
+        return (self._lane(lane),)
+
+    def event_completion(self, event: int, lane: int) -> Completion:
+        """A Completion resolved once the user-owned, already recorded ``event`` completes.
+
+        Watched on lane ``lane`` (the stream it was recorded on). The caller
+        keeps ``event`` alive until then; if it is re-recorded meanwhile, the
+        Completion may resolve at the later record, or once work watched after
+        it on ``lane`` has completed. An event never recorded is complete at
+        once (as in HIP/CUDA).
+        """
+        self._check_open()
+        completion = Completion()
+        completion._notifier = self._notifier
+        target = self._lane(lane)
+        completion._lanes = (target,)
+        target.push(_Entry(event, None, completion, None, False, user_event=True))
+        return completion
+
+    def completion_for_stream(self, stream: int, *, keepalive: object = None) -> Completion:
+        """Record a pooled event on ``stream``; the Completion resolves when all work before it is done.
+
+        ``keepalive`` (buffers, callables, anything) is referenced until then
+        and dropped on the lane thread, before the Completion resolves. Must
+        not be called while ``stream`` is capturing (the caller checks).
+        Raises the backend's error if the event could not be recorded (nothing
+        is then watched).
+        """
+        self._check_open()
+        event = self._acquire_event()
+        try:
+            self._backend.event_record(event, stream)
+        except BaseException:
+            self._pool.append(event)
+            raise
+        completion = Completion()
+        completion._notifier = self._notifier
+        lane = self._lane(stream)
+        completion._lanes = (lane,)
+        lane.push(_Entry(event, None, completion, keepalive, True))
+        return completion
+
+    # -- event pool ----------------------------------------------------------------
+    def _acquire_event(self) -> int:
+        try:
+            return self._pool.pop()
+        except IndexError:
+            event = self._backend.event_create(timing=False, blocking_sync=True)
+            self._events_created += 1
+            return event
+
+    def _recycle_event(self, event: int, ok: bool) -> None:
+        """On a lane thread: the event completed; pool it (or destroy it if its wait failed)."""
+        if ok and len(self._pool) < self._max_pooled and not self._closing:
+            self._pool.append(event)
+            return
+        try:
+            self._backend.event_destroy(event)
+        except Exception:  # noqa: BLE001 - a failed context; the handle is gone with it
+            _log.debug("event_destroy failed for a retired event", exc_info=True)
+
+    # -- host functions ------------------------------------------------------------
+    def _new_completion(self) -> Completion:
+        completion = Completion()
+        completion._notifier = self._notifier
+        return completion
+
+    def host_call(self, stream: int, fn: Callable[..., Any], args: tuple[Any, ...] = (), *, capture_checked: bool = False) -> Completion:
+        """Run the Python ``fn(*args)`` in stream order on a runtime worker thread.
+
+        Enqueues two native host functions on ``stream``: ``sem_post(ready)``
+        wakes the stream's worker, ``sem_wait(done)`` holds the stream
+        (GIL-free on the driver thread) until the worker has run ``fn``. The
+        returned Completion resolves with ``fn``'s return value or exception
+        (the stream goes on either way), on the stream's lane, in stream order
+        with the stream's other Completions; if the stream fails before
+        reaching the call, ``fn`` never runs and the Completion gets the
+        error. ``fn`` must not call HIP/CUDA, and a long ``fn`` blocks its
+        stream. Raises ``CaptureError`` if ``stream`` is capturing (use
+        :meth:`host_slot` for graphs). ``capture_checked``: the caller has just
+        checked that ``stream`` is not capturing (a pipeline launch), so the
+        check is not repeated.
+        """
+        self._check_open()
+        if not callable(fn):
+            raise TypeError(f"host function must be callable, got {type(fn).__name__}")
+        backend = self._backend
+        if not capture_checked and backend.stream_is_capturing(stream):
+            raise CaptureError(
+                "host_call cannot be captured: a captured host node must re-run on every replay; "
+                "use CompletionEngine.host_slot (pipelines do this in Pipeline.capture)"
+            )
+        channel = self._channel(stream)
+        completion = self._new_completion()
+        completion._log_unretrieved = True
+        req = channel.submit(fn, tuple(args), completion)
+        self._host_calls += 1
+        # The guard event after the call: its lane resolves the Completion in stream
+        # order, and fails the call instead if the stream dies before reaching it.
+        event = self._acquire_event()
+        try:
+            backend.event_record(event, stream)
+        except BaseException as exc:
+            self._pool.append(event)
+            channel.abandon(req, exc)  # no guard, no watchdog: fn will not run
+            raise
+        lane = self._lane(stream)
+        completion._lanes = (lane,)
+        lane.push(_Entry(event, None, None, None, True, req, channel))
+        return completion
+
+    def host_call_native(self, stream: int, fn_ptr: int, user_data: int, *, keepalive: object = None) -> None:
+        """Enqueue the native ``void fn(void*)`` at ``fn_ptr``; it runs directly on the driver thread.
+
+        Pass the ctypes/numba object owning ``fn_ptr`` (and whatever
+        ``user_data`` points into) as ``keepalive``: it is held until the
+        function has run and dropped on a lane thread after.
+        """
+        self._check_open()
+        if not fn_ptr:
+            raise ValueError("fn_ptr is NULL")
+        self._backend.launch_host_func(stream, fn_ptr, user_data)
+        if keepalive is not None:
+            self.completion_for_stream(stream, keepalive=keepalive)
+
+    def host_slot(self, fn: Callable[..., Any], args: tuple[Any, ...] = ()) -> HostSlot:
+        """A captured Python host node for a graph; see :class:`~streamrt._hostcall.HostSlot`.
+
+        The slot is owned by the Graph and lives as long as it; each replay
+        runs ``fn(*args)`` on the slot's worker thread.
+        """
+        self._check_open()
+        slot = HostSlot(self, fn, tuple(args))
+        with self._lock:
+            self._check_open()
+            self._slots.add(slot)
+        return slot
+
+    def _forget_slot(self, slot: HostSlot) -> None:
+        with self._lock:
+            self._slots.discard(slot)
+
+    def _channel(self, stream: int) -> HostChannel:
+        channel = self._channels.get(stream)
+        if channel is not None:
+            return channel
+        with self._lock:
+            self._check_open()
+            channel = self._channels.get(stream)
+            if channel is None:
+                channel = self._channels[stream] = HostChannel(self, stream, self._take_signal_locked())
+        return channel
+
+    @property
+    def stream_signals(self) -> bool:
+        """``True`` when Python host calls hold their stream with a signal wait (one host function each)."""
+        return self._uses_signals
+
+    def _take_signal_locked(self) -> int | None:
+        """A signal for a new channel (an idle one, else a new one); ``None`` without signals. Lock held."""
+        if self._signals is None:
+            return None
+        if self._signals:
+            return self._signals.pop()
+        return self._backend.signal_alloc()
+
+    def _return_signal(self, signal: int, *, reusable: bool) -> None:
+        """A stopped channel's signal: kept for the next channel, else leaked.
+
+        Leaked when a failed stream may still reach a wait on it, and when the
+        engine has already freed its pool (a lane that outlived a forced
+        close): a real free never runs on a lane thread.
+        """
+        with self._lock:
+            if reusable and self._signals is not None:
+                self._signals.append(signal)
+
+    def _announce_host_work(self, fn: Callable[..., Any]) -> None:
+        """Before what holds the stream for a Python host call: tell a simulator how long ``fn`` runs."""
+        if self._host_work is not None and self._expect_host_work is not None:
+            self._expect_host_work(self._host_work.for_function(fn))
+
+    def _python_call_started(self) -> None:
+        with self._lock:
+            self._python_in_flight += 1
+            if self._python_in_flight == 1 and self._switch_interval is not None and not self._holds_guard:
+                self._holds_guard = True
+                switch_interval_guard.acquire(self._switch_interval)
+
+    def _python_call_finished(self) -> None:
+        with self._lock:
+            self._python_in_flight -= 1
+            if self._python_in_flight == 0 and self._holds_guard:
+                self._holds_guard = False
+                switch_interval_guard.release()
+
+    # -- lifetime ----------------------------------------------------------------------
+    def forget_stream(self, stream: int) -> None:
+        """Forget ``stream`` before it is destroyed. Never blocks.
+
+        Its lane thread keeps retiring what was already watched (destroying a
+        stream with work in flight is legal: the work still runs) and then
+        exits; its host-call worker is stopped and its semaphores freed by the
+        lane thread once the last host call on it has provably returned.
+        :meth:`drain` and :meth:`close` still wait for that work. A later call
+        for the same handle value (drivers reuse them) starts a fresh lane.
+        """
+        with self._lock:
+            lane = self._lanes.pop(stream, None)
+            channel = self._channels.pop(stream, None)
+            if lane is not None:
+                self._retiring.add(lane)
+                lane.channel = channel
+        if lane is not None:
+            lane.stop()
+        elif channel is not None:  # a channel always has a lane (its guard events); be safe anyway
+            channel.wait_idle(None)
+            channel.stop(forced=False, join_timeout=None)
+
+    def _lane_exited(self, lane: _Lane) -> None:
+        """On a lane thread that stopped after :meth:`forget_stream`: free what the stream used."""
+        channel, lane.channel = lane.channel, None
+        if channel is not None:
+            # Every guard event retired, so the driver returned from each sem_wait(done);
+            # the worker may still be finishing its last bookkeeping.
+            channel.wait_idle(None)
+            channel.stop(forced=False, join_timeout=None)
+        with self._lock:
+            if lane in self._retiring:
+                self._retiring.discard(lane)
+                self._absorb_lane_stats_locked(lane)
+
+    def _absorb_lane_stats_locked(self, lane: _Lane) -> None:
+        self._retired_gone[0] += lane.retired
+        self._retired_gone[1] += lane.failed
+        self._retired_gone[2] += lane.batches
+        self._max_batch_gone = max(self._max_batch_gone, lane.max_batch)
+
+    def _refuse_own_thread(self, what: str) -> None:
+        if self.owns_thread():
+            raise RuntimeError(f"{what}() called from a streamrt completion thread would wait for itself")
+
+    def _waitables(self) -> list[Any]:
+        with self._lock:
+            return [*self._lanes.values(), *self._retiring, *self._channels.values(), *self._slots]
+
+    def drain(self, timeout: float | None = None) -> None:
+        """Block until every watched event and every Python host call has retired.
+
+        Raises ``TimeoutError`` if ``timeout`` seconds pass first, and
+        ``RuntimeError`` if called from one of the engine's own threads.
+        Work submitted concurrently by other threads is waited for too.
+        """
+        self._refuse_own_thread("drain")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            busy = [w for w in self._waitables() if _busy(w)]
+            if not busy:
+                return
+            for w in busy:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not w.wait_idle(remaining):
+                    raise TimeoutError(f"streamrt work still in flight after {timeout} s")
+
+    def close(self, timeout: float | None = None) -> None:
+        """Drain, stop and join every thread, free the event pool, restore the switch interval.
+
+        Deterministic: when it returns, every Completion the engine made is
+        resolved and no engine thread runs. With ``timeout``, work still in
+        flight after that long is given up: its Completions are resolved with
+        ``ClosedError``, its events and semaphores are leaked rather than
+        freed, and threads that cannot be stopped are left (daemons).
+        Idempotent. After it, submitting work raises ``ClosedError``.
+        """
+        self._refuse_own_thread("close")
+        with self._lock:
+            if self._closing:
+                already = True
+            else:
+                already = False
+                self._closing = True
+        if already:
+            return
+        forced = False
+        try:
+            self.drain(timeout)
+        except TimeoutError:
+            forced = True
+            _log.warning("closing the completion engine with GPU work still in flight after %s s", timeout)
+        join_timeout = 0.1 if forced else None
+        with self._lock:
+            lanes = list(self._lanes.values())
+            retiring = list(self._retiring)
+            channels = list(self._channels.values())
+            slots = list(self._slots)
+            self._lanes.clear()
+            self._channels.clear()
+            self._slots.clear()
+        for lane in [*lanes, *retiring]:
+            if forced:
+                _abandon_lane(lane)
+            lane.stop()
+        for lane in retiring:
+            lane.thread.join(_lane_join_timeout(lane, join_timeout))  # it stops its own channel on the way out
+            if lane.thread.is_alive() and lane.dead is not None:
+                # Failed by the watchdog and still blocked in the driver: never exits by itself.
+                channel, lane.channel = lane.channel, None
+                if channel is not None:
+                    channel.stop(forced=True, join_timeout=join_timeout)
+                with self._lock:
+                    if lane in self._retiring:
+                        self._retiring.discard(lane)
+                        self._absorb_lane_stats_locked(lane)
+        for lane in lanes:
+            lane.thread.join(_lane_join_timeout(lane, join_timeout))
+            with self._lock:
+                self._absorb_lane_stats_locked(lane)
+        watchdog = self._watchdog
+        if watchdog is not None:
+            watchdog.stop()
+            watchdog.thread.join(join_timeout)
+        for worker in [*channels, *slots]:
+            worker.stop(forced=forced, join_timeout=join_timeout)
+            if isinstance(worker, HostSlot):
+                worker.closed = True
+        with self._lock:
+            signals, self._signals = self._signals or [], None
+        for signal in signals:
+            try:
+                self._backend.signal_free(signal)
+            except Exception:  # noqa: BLE001 - a failed context; the memory is gone with it
+                _log.debug("signal_free failed while closing", exc_info=True)
+        pool, self._pool = self._pool, []
+        for event in pool:
+            try:
+                self._backend.event_destroy(event)
+            except Exception:  # noqa: BLE001 - backend already gone at exit
+                _log.debug("event_destroy failed while closing", exc_info=True)
+        with self._lock:
+            if self._holds_guard:
+                self._holds_guard = False
+                switch_interval_guard.release()
+            self._closed = True
+        _live_engines.discard(self)
+
+    @property
+    def is_closed(self) -> bool:
+        """``True`` once :meth:`close` has started."""
+        return self._closing
+
+    def statistics(self) -> CompletionStatistics:
+        """A consistent-enough snapshot (counters read without stopping the threads)."""
+        with self._lock:
+            lanes = [*self._lanes.values(), *self._retiring]
+            channels = list(self._channels.values())
+            slots = list(self._slots)
+            retired, failed, batches = self._retired_gone
+            max_batch = self._max_batch_gone
+        workers = [w for w in [*channels, *slots] if w._thread.is_alive()]
+        return CompletionStatistics(
+            pending=sum(lane.outstanding for lane in lanes),
+            retired=retired + sum(lane.retired for lane in lanes),
+            failed=failed + sum(lane.failed for lane in lanes),
+            batches=batches + sum(lane.batches for lane in lanes),
+            max_batch=max([max_batch, *(lane.max_batch for lane in lanes)]),
+            lanes=sum(1 for lane in lanes if lane.thread.is_alive()),
+            workers=len(workers),
+            host_calls=self._host_calls,
+            host_calls_pending=sum(w.in_flight for w in [*channels, *slots]),
+            host_slots=len(slots),
+            pooled_events=len(self._pool),
+            events_created=self._events_created,
+            switch_interval_lowered=self._holds_guard and switch_interval_guard.is_lowered,
+            loop_closed_warned=self._notifier.warned,
+            closed=self._closing,
+            watchdog_wakeups=0 if self._watchdog is None else self._watchdog.wakeups,
+            watchdog_failed_lanes=0 if self._watchdog is None else self._watchdog.failed_lanes,
+        )
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closing else "open"
+        return f"<CompletionEngine {getattr(self._backend, 'name', '?')}:{self._device} {state}>"
+
+
+def _lane_join_timeout(lane: _Lane, join_timeout: float | None) -> float | None:
+    """How long close() joins a stopped lane: briefly if it was failed (its thread may never return)."""
+    if lane.dead is not None:
+        return 0.1 if join_timeout is None else min(join_timeout, 0.1)
+    return join_timeout
+
+
+def _busy(waitable: Any) -> bool:
+    if isinstance(waitable, _Lane):
+        return waitable.outstanding > 0
+    return bool(waitable.in_flight > 0)
+
+
+def _abandon_lane(lane: _Lane) -> None:
+    """Forced close: resolve everything still queued on ``lane`` with ClosedError.
+
+    The queue is left to the (daemon) lane thread, which may still retire it
+    if the device ever gets there. Keepalives are *leaked*, not dropped: the
+    GPU may still be using what they hold.
+    """
+    exc = ClosedError("the runtime closed before this work completed")
+    entries = list(lane._queue)
+    for entry in entries:
+        if entry.keepalive is not None:
+            _leaked_keepalives.append(entry.keepalive)
+        callback, entry.callback = entry.callback, None
+        if callback is not None:
+            try:
+                callback(exc)
+            except Exception:  # noqa: BLE001
+                _log.exception("exception in completion-engine callback %r", callback)
+        if entry.completion is not None:
+            entry.completion._resolve(None, exc, None)
+        if entry.request is not None and entry.channel is not None:
+            entry.channel.abandon(entry.request, exc)
+
+
+# Keepalives of work given up by a forced close: never released (the device may still use them).
+_leaked_keepalives: list[object] = []
+
+
+def _close_all_at_exit(engines: Iterable[CompletionEngine] | None = None) -> None:
+    """``atexit``: close every live engine, giving in-flight work ``exit_timeout`` seconds."""
+    for engine in list(_live_engines if engines is None else engines):
+        try:
+            engine.close(timeout=engine.exit_timeout)
+        except Exception:  # noqa: BLE001 - never fail interpreter exit
+            _log.debug("closing a completion engine at exit failed", exc_info=True)
+
+
+atexit.register(_close_all_at_exit)
