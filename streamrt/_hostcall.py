@@ -262,10 +262,14 @@ class _Worker:
 
     # -- driver side -----------------------------------------------------------
     def _start(self) -> None:
-        if not self._started:
-            self._started = True
+        if self._started:
+            return
+        with self._cond:  # two submitting threads, or a submit racing stop(): one start, before any join
+            if self._started or self._stopping:
+                return
             self._engine._register_thread(self._thread)
             self._thread.start()
+            self._started = True
 
     def _enqueue_native(self, stream: int, fn: Callable[..., Any]) -> None:
         engine = self._engine
@@ -356,7 +360,9 @@ class _Worker:
                 if req.post_done and not req.ran:
                     self._let_stream_go(req)
         thread_alive = False
-        if self._started:
+        with self._cond:
+            started = self._started
+        if started:
             self.ready.post()
             self._thread.join(join_timeout)
             thread_alive = self._thread.is_alive()
@@ -431,8 +437,9 @@ class HostChannel(_Worker):
 
     Stream FIFO order makes the queue's head the request the driver just
     reached, so one ``ready`` post means "run the head". Submission (append +
-    ``sem_post(ready)`` + the hold) happens under one lock so that two threads
-    enqueueing on the same stream cannot interleave.
+    ``sem_post(ready)`` + the hold) happens under the stream's enqueue lock
+    (the engine holds its lane's lock), so two threads enqueueing on the same
+    stream cannot interleave.
 
     The hold is a wait on the channel's ``signal`` for the request's ticket
     when the engine gives the channel one (tickets count up from the signal's
@@ -443,7 +450,6 @@ class HostChannel(_Worker):
     def __init__(self, engine: CompletionEngine, stream: int, signal: int | None = None) -> None:
         super().__init__(engine, f"streamrt-host-{stream:#x}")
         self.stream = stream
-        self._submit_lock = threading.Lock()
         self.signal = signal
         self._word = None if signal is None else ctypes.c_uint64.from_address(signal)
         self._ticket = 0 if self._word is None else self._word.value  # the last ticket handed out
@@ -452,41 +458,40 @@ class HostChannel(_Worker):
     def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], completion: Completion) -> HostRequest:
         """Enqueue ``fn(*args)`` on the stream; raises the backend's error if nothing was enqueued.
 
-        If ``sem_post(ready)`` was enqueued but the hold was not, the request
-        is abandoned with that error (``fn`` will not run) and the error is
-        raised.
+        Call with the stream's enqueue lock held. If ``sem_post(ready)`` was
+        enqueued but the hold was not, the request is abandoned with that
+        error (``fn`` will not run) and the error is raised.
         """
         self._start()
         req = HostRequest(fn, args, completion, committed=False)
         backend = self._engine._backend
-        with self._submit_lock:
-            self._push(req)
-            try:
-                backend.launch_host_func(self.stream, SEM_POST_ADDRESS, self.ready.address)
-            except BaseException as exc:
-                with self._cond:
-                    if self._queue and self._queue[-1] is req:
-                        self._queue.pop()
-                req.fn = None
-                req.args = ()
-                req.completion._resolve(None, exc, None)
-                self._finish(req)
-                raise
-            try:
-                self._engine._announce_host_work(fn)
-                if self.signal is None:
-                    backend.launch_host_func(self.stream, SEM_WAIT_ADDRESS, self.done.address)
-                else:
-                    # Spent even if the wait fails to enqueue: the worker may already have
-                    # stored it, and a later wait for the same value would pass too early.
-                    self._ticket += 1
-                    req.ticket = self._ticket
-                    backend.stream_wait_signal(self.stream, self.signal, req.ticket)
-            except BaseException as exc:
-                req.post_done = False  # `ready` will still be posted: the worker skips fn, releases nothing
-                self.abandon(req, exc)
-                raise
-            self._commit(req)
+        self._push(req)
+        try:
+            backend.launch_host_func(self.stream, SEM_POST_ADDRESS, self.ready.address)
+        except BaseException as exc:
+            with self._cond:
+                if self._queue and self._queue[-1] is req:
+                    self._queue.pop()
+            req.fn = None
+            req.args = ()
+            req.completion._resolve(None, exc, None)
+            self._finish(req)
+            raise
+        try:
+            self._engine._announce_host_work(fn)
+            if self.signal is None:
+                backend.launch_host_func(self.stream, SEM_WAIT_ADDRESS, self.done.address)
+            else:
+                # Spent even if the wait fails to enqueue: the worker may already have
+                # stored it, and a later wait for the same value would pass too early.
+                self._ticket += 1
+                req.ticket = self._ticket
+                backend.stream_wait_signal(self.stream, self.signal, req.ticket)
+        except BaseException as exc:
+            req.post_done = False  # `ready` will still be posted: the worker skips fn, releases nothing
+            self.abandon(req, exc)
+            raise
+        self._commit(req)
         return req
 
     def _let_stream_go(self, req: HostRequest) -> None:

@@ -47,11 +47,6 @@ def record_tail(stream: Stream, pool: StreamPool, keepalive: object) -> Tail:
     then watched). Must not be called while ``stream`` is capturing.
     """
     ev = pool.acquire_event()
-    try:
-        stream._backend.event_record(ev._handle, stream._handle)
-    except BaseException:
-        pool.release_event(ev)
-        raise
     engine = stream._runtime._engine
     completion = Completion()
     completion._notifier = engine._notifier
@@ -65,7 +60,7 @@ def record_tail(stream: Stream, pool: StreamPool, keepalive: object) -> Tail:
             completion._set_exception(error)
 
     try:
-        engine.watch_event(ev._handle, stream._handle, tail_done)
+        engine.record_and_watch(ev._handle, stream._handle, tail_done)
     except BaseException:
         pool.release_event(ev)
         raise

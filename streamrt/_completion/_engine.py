@@ -172,7 +172,12 @@ class CompletionEngine:
         _live_engines.add(self)
 
     # -- lanes -------------------------------------------------------------------
-    def _lane(self, key: int) -> _Lane:
+    def lane(self, key: int) -> _Lane:
+        """The lane of stream handle ``key`` (made on first use; its thread starts with its first push).
+
+        Its :attr:`~_Lane.lock` is the stream's enqueue lock. Raises
+        ``ClosedError`` once the engine is closing.
+        """
         lane = self._lanes.get(key)
         if lane is not None:
             return lane
@@ -180,16 +185,18 @@ class CompletionEngine:
             self._check_open()
             lane = self._lanes.get(key)
             if lane is None:
-                if self._watchdog is None and self._watchdog_interval is not None:
-                    watchdog = Watchdog(self, self._watchdog_interval, self._watchdog_threshold)
-                    self._register_thread(watchdog.thread)
-                    watchdog.thread.start()
-                    self._watchdog = watchdog
-                lane = _Lane(self, key)
-                self._register_thread(lane.thread)
-                lane.thread.start()
-                self._lanes[key] = lane
+                lane = self._lanes[key] = _Lane(self, key)
         return lane
+
+    _lane = lane
+
+    def _start_watchdog_locked(self) -> None:
+        """With the first lane thread: the watchdog. Engine lock held."""
+        if self._watchdog is None and self._watchdog_interval is not None:
+            watchdog = Watchdog(self, self._watchdog_interval, self._watchdog_threshold)
+            self._register_thread(watchdog.thread)
+            watchdog.thread.start()
+            self._watchdog = watchdog
 
     def _all_lanes(self) -> list[_Lane]:
         """Every lane that may hold work: live ones and those of forgotten streams."""
@@ -250,19 +257,20 @@ class CompletionEngine:
         if self._closing:
             raise ClosedError("the completion engine (runtime) is closed")
 
-    def watch_event(self, event: int, lane: int, callback: Callable[[BaseException | None], None]) -> None:
-        """Call ``callback(None)`` on lane ``lane``'s thread once the recorded ``event`` completes.
+    def record_and_watch(self, event: int, stream: int, callback: Callable[[BaseException | None], None]) -> None:
+        """Record ``event`` on ``stream`` and call ``callback(None)`` on its lane's thread once it completes.
 
-        ``lane``: the handle of the stream ``event`` was recorded on (a lane
-        relies on its events completing in the order they were watched).
-        ``event`` must already be recorded and must be blocking-sync; the
-        caller keeps it alive, and does not record it again, until the
-        callback ran. ``callback(error)`` gets the exception if waiting for
-        the event raised. Callbacks of one lane run in the order they were
-        watched.
+        ``event`` must be blocking-sync; the caller keeps it alive, and does
+        not record it again, until the callback ran. ``callback(error)`` gets
+        the exception if waiting for the event raised. Callbacks of one lane
+        run in the order they were watched. Raises the backend's error if the
+        event could not be recorded (nothing is then watched).
         """
-        self._check_open()
-        self._lane(lane).push(_Entry(event, callback, None, None, False))
+        lane = self._lane(stream)
+        with lane.pushing() as nested:
+            self._check_open()
+            self._backend.event_record(event, stream)
+            lane.push(_Entry(event, callback, None, None, False, unordered=nested))
 
     def lanes_of(self, lane: int) -> tuple[_Lane, ...]:
         """What a Completion resolved on lane ``lane`` polls when awaited (see ``Completion._lanes``)."""
@@ -282,7 +290,7 @@ class CompletionEngine:
         completion._notifier = self._notifier
         target = self._lane(lane)
         completion._lanes = (target,)
-        target.push(_Entry(event, None, completion, None, False, user_event=True))
+        target.push(_Entry(event, None, completion, None, False, unordered=True))
         return completion
 
     def completion_for_stream(self, stream: int, *, keepalive: object = None) -> Completion:
@@ -294,18 +302,19 @@ class CompletionEngine:
         Raises the backend's error if the event could not be recorded (nothing
         is then watched).
         """
-        self._check_open()
-        event = self._acquire_event()
-        try:
-            self._backend.event_record(event, stream)
-        except BaseException:
-            self._pool.append(event)
-            raise
-        completion = Completion()
-        completion._notifier = self._notifier
         lane = self._lane(stream)
-        completion._lanes = (lane,)
-        lane.push(_Entry(event, None, completion, keepalive, True))
+        with lane.pushing() as nested:
+            self._check_open()
+            event = self._acquire_event()
+            try:
+                self._backend.event_record(event, stream)
+            except BaseException:
+                self._pool.append(event)
+                raise
+            completion = Completion()
+            completion._notifier = self._notifier
+            completion._lanes = (lane,)
+            lane.push(_Entry(event, None, completion, keepalive, True, unordered=nested))
         return completion
 
     # -- event pool ----------------------------------------------------------------
@@ -349,32 +358,34 @@ class CompletionEngine:
         checked that ``stream`` is not capturing (a pipeline launch), so the
         check is not repeated.
         """
-        self._check_open()
         if not callable(fn):
             raise TypeError(f"host function must be callable, got {type(fn).__name__}")
         backend = self._backend
-        if not capture_checked and backend.stream_is_capturing(stream):
-            raise CaptureError(
-                "host_call cannot be captured: a captured host node must re-run on every replay; "
-                "use CompletionEngine.host_slot (pipelines do this in Pipeline.capture)"
-            )
-        channel = self._channel(stream)
-        completion = self._new_completion()
-        completion._log_unretrieved = True
-        req = channel.submit(fn, tuple(args), completion)
-        self._host_calls += 1
-        # The guard event after the call: its lane resolves the Completion in stream
-        # order, and fails the call instead if the stream dies before reaching it.
-        event = self._acquire_event()
-        try:
-            backend.event_record(event, stream)
-        except BaseException as exc:
-            self._pool.append(event)
-            channel.abandon(req, exc)  # no guard, no watchdog: fn will not run
-            raise
         lane = self._lane(stream)
-        completion._lanes = (lane,)
-        lane.push(_Entry(event, None, None, None, True, req, channel))
+        with lane.pushing() as nested:
+            self._check_open()
+            if not capture_checked and backend.stream_is_capturing(stream):
+                raise CaptureError(
+                    "host_call cannot be captured: a captured host node must re-run on every replay; "
+                    "use CompletionEngine.host_slot (pipelines do this in Pipeline.capture)"
+                )
+            channel = self._channel(stream)
+            completion = self._new_completion()
+            req = channel.submit(fn, tuple(args), completion)
+            self._host_calls += 1
+            # The guard event after the call: its lane resolves the Completion in stream
+            # order, and fails the call instead if the stream dies before reaching it.
+            event = self._acquire_event()
+            try:
+                backend.event_record(event, stream)
+            except BaseException as exc:
+                self._pool.append(event)
+                channel.abandon(req, exc)  # no guard, no watchdog: fn will not run
+                raise
+            completion._lanes = (lane,)
+            lane.push(_Entry(event, None, None, None, True, req, channel, unordered=nested))
+        # Only now: an error raised to the caller above is not also logged as never retrieved.
+        completion._log_unretrieved = True
         return completion
 
     def host_call_native(self, stream: int, fn_ptr: int, user_data: int, *, keepalive: object = None) -> None:
@@ -384,12 +395,13 @@ class CompletionEngine:
         ``user_data`` points into) as ``keepalive``: it is held until the
         function has run and dropped on a lane thread after.
         """
-        self._check_open()
         if not fn_ptr:
             raise ValueError("fn_ptr is NULL")
-        self._backend.launch_host_func(stream, fn_ptr, user_data)
-        if keepalive is not None:
-            self.completion_for_stream(stream, keepalive=keepalive)
+        with self._lane(stream).lock:
+            self._check_open()
+            self._backend.launch_host_func(stream, fn_ptr, user_data)
+            if keepalive is not None:
+                self.completion_for_stream(stream, keepalive=keepalive)
 
     def host_slot(self, fn: Callable[..., Any], args: tuple[Any, ...] = ()) -> HostSlot:
         """A captured Python host node for a graph; see :class:`~streamrt._hostcall.HostSlot`.
@@ -551,6 +563,7 @@ class CompletionEngine:
             return
         forced = False
         try:
+            self._wait_for_enqueues(None if timeout is None else time.monotonic() + timeout)
             self.drain(timeout)
         except TimeoutError:
             forced = True
@@ -569,8 +582,8 @@ class CompletionEngine:
                 _abandon_lane(lane)
             lane.stop()
         for lane in retiring:
-            lane.thread.join(_lane_join_timeout(lane, join_timeout))  # it stops its own channel on the way out
-            if lane.thread.is_alive() and lane.dead is not None:
+            lane.join(_lane_join_timeout(lane, join_timeout))  # it stops its own channel on the way out
+            if lane.is_running and lane.dead is not None:
                 # Failed by the watchdog and still blocked in the driver: never exits by itself.
                 channel, lane.channel = lane.channel, None
                 if channel is not None:
@@ -580,7 +593,7 @@ class CompletionEngine:
                         self._retiring.discard(lane)
                         self._absorb_lane_stats_locked(lane)
         for lane in lanes:
-            lane.thread.join(_lane_join_timeout(lane, join_timeout))
+            lane.join(_lane_join_timeout(lane, join_timeout))
             with self._lock:
                 self._absorb_lane_stats_locked(lane)
         watchdog = self._watchdog
@@ -611,6 +624,14 @@ class CompletionEngine:
             self._closed = True
         _live_engines.discard(self)
 
+    def _wait_for_enqueues(self, deadline: float | None) -> None:
+        """Let every enqueue in progress finish: each holds its lane's lock, and later ones see ``_closing``."""
+        for lane in self._all_lanes():
+            remaining = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            if not lane.lock.acquire(timeout=remaining):
+                raise TimeoutError("an enqueue is still in progress on another thread")
+            lane.lock.release()
+
     @property
     def is_closed(self) -> bool:
         """``True`` once :meth:`close` has started."""
@@ -631,7 +652,7 @@ class CompletionEngine:
             failed=failed + sum(lane.failed for lane in lanes),
             batches=batches + sum(lane.batches for lane in lanes),
             max_batch=max([max_batch, *(lane.max_batch for lane in lanes)]),
-            lanes=sum(1 for lane in lanes if lane.thread.is_alive()),
+            lanes=sum(1 for lane in lanes if lane.is_running),
             workers=len(workers),
             host_calls=self._host_calls,
             host_calls_pending=sum(w.in_flight for w in [*channels, *slots]),

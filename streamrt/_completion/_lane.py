@@ -62,7 +62,7 @@ class DeferredWakes:
 class _Entry:
     """One watched event on a lane, and what to do when it completes."""
 
-    __slots__ = ("callback", "channel", "completion", "event", "keepalive", "pooled", "request", "user_event")
+    __slots__ = ("callback", "channel", "completion", "event", "keepalive", "pooled", "request", "unordered")
 
     def __init__(
         self,
@@ -73,7 +73,7 @@ class _Entry:
         pooled: bool,
         request: HostRequest | None = None,
         channel: HostChannel | None = None,
-        user_event: bool = False,
+        unordered: bool = False,
     ) -> None:
         self.event = event
         self.callback = callback
@@ -82,9 +82,10 @@ class _Entry:
         self.pooled = pooled
         self.request = request  # a host call this event guards: resolved from its stored outcome
         self.channel = channel
-        # A user's event may be re-recorded (on another stream) while watched: its state
-        # then says nothing about the work before it on the lane's stream.
-        self.user_event = user_event
+        # Its event may complete out of queue order: a user's event (re-recorded, maybe on
+        # another stream, while watched), or one pushed by a nested push (see _Lane.pushing).
+        # Its state then says nothing about the entries before it: it is queried itself.
+        self.unordered = unordered
 
 
 class _Lane:
@@ -116,11 +117,23 @@ class _Lane:
     The lane thread, should its wait ever return, finds ``dead`` set and
     resolves nothing; it then only sleeps until stopped. Entries pushed onto a
     failed lane are failed at once, on the pushing thread, with the same error.
+
+    Order. :attr:`lock` is the stream's enqueue lock (``Stream`` holds it for
+    every enqueue, and so does the engine): an event is recorded and its entry
+    pushed under it, so entries sit in the order their events were recorded,
+    which lets one query of the newest event retire a whole batch. A push
+    nested inside another one on the same thread (a garbage-collector
+    finalizer that releases a buffer) comes between a record and its push:
+    :meth:`pushing` marks such entries ``unordered``. The thread starts with
+    the first push.
     """
 
     def __init__(self, engine: CompletionEngine, key: int) -> None:
         self._engine = engine
         self.key = key
+        self.lock = threading.RLock()  # the stream's enqueue lock (see "Order" above)
+        self._depth = 0  # record-and-push sections entered on the thread holding `lock`
+        self._started = False
         self._queue: collections.deque[_Entry] = collections.deque()
         self._wake = threading.Lock()
         self._wake.acquire()
@@ -159,9 +172,19 @@ class _Lane:
         """Entries watched and not yet retired."""
         return len(self._queue) + self._busy
 
+    def pushing(self) -> _Pushing:
+        """``with lane.pushing() as unordered:`` around recording an event and pushing its entry.
+
+        Holds :attr:`lock`; ``unordered`` is ``True`` when the section is
+        nested in another one on this thread (its entry must be marked so).
+        """
+        return _Pushing(self)
+
     def push(self, entry: _Entry) -> None:
         if self._stopping:
             raise ClosedError("this completion lane was released")
+        if not self._started:
+            self._start()
         self._queue.append(entry)
         if self.dead is not None:  # checked after the append: fail_stuck sets it before popping
             self._fail_queued()
@@ -257,9 +280,40 @@ class _Lane:
             finally:
                 self._drainers -= 1
 
+    def _start(self) -> None:
+        engine = self._engine
+        with engine._lock:
+            if self._started:
+                return
+            engine._check_open()
+            engine._start_watchdog_locked()
+            engine._register_thread(self.thread)
+            self.thread.start()
+            self._started = True
+
+    @property
+    def started(self) -> bool:
+        """The lane's thread was started (by the first push)."""
+        return self._started
+
+    def join(self, timeout: float | None) -> None:
+        """Join the lane's thread once :meth:`stop` was called (nothing to join if it never started)."""
+        if self._started:
+            self.thread.join(timeout)
+
+    @property
+    def is_running(self) -> bool:
+        return self._started and self.thread.is_alive()
+
     def stop(self) -> None:
-        self._stopping = True
-        self._signal()
+        with self._engine._lock:
+            self._stopping = True
+            started = self._started
+        if started:
+            self._signal()
+        else:  # never started: nothing to retire, nothing to join
+            self._exited = True
+            self._engine._lane_exited(self)
 
     def head(self) -> _Entry | None:
         """The oldest entry not yet taken for retirement (``None`` if none, or the lane failed)."""
@@ -392,25 +446,33 @@ class _Lane:
     def _take_done(self, queue: collections.deque[_Entry], query: Callable[[int], bool], batch: list[_Entry]) -> None:
         """Move the queued entries whose events are complete to ``batch`` (the retiring thread, ``_take`` held).
 
-        Every event of a lane was recorded on the lane's stream, so one that
-        is complete means every event watched before it is: the newest is
-        queried first, and when it is done (the usual case after a wait under
-        load) the whole queue is taken with that one query. Otherwise (or when
-        the newest is a user's event, which may have been re-recorded
-        elsewhere) they are queried from the oldest, up to the first not done.
+        Every event of a lane was recorded on the lane's stream in queue order
+        (see "Order"), so one that is complete means every event watched before
+        it is: the newest is queried first, and when it is done (the usual
+        case after a wait under load) the whole queue is taken with that one
+        query, but for ``unordered`` entries, queried each. Otherwise (or when
+        the newest is unordered) they are queried from the oldest, up to the
+        first not done.
         A query that raises stops the batch (the next blocking wait reports
         the error).
         """
         n = len(queue)  # producers only append: the first n entries stay put
         newest = queue[n - 1]
-        if not newest.user_event:
+        if not newest.unordered:
             try:
                 newest_done = query(newest.event)
             except BaseException:  # noqa: BLE001 - the blocking wait reports it next
                 return
             if newest_done:
-                self._busy += n
                 for _ in range(n):
+                    entry = queue[0]
+                    if entry.unordered and entry is not newest:
+                        try:
+                            if not query(entry.event):
+                                return
+                        except BaseException:  # noqa: BLE001 - the blocking wait reports it next
+                            return
+                    self._busy += 1
                     batch.append(queue.popleft())
                 return
             n -= 1  # the newest is not done
@@ -478,3 +540,23 @@ def _pop_all(queue: collections.deque[_Entry]) -> list[_Entry]:
             entries.append(queue.popleft())
         except IndexError:
             return entries
+
+
+class _Pushing:
+    """:meth:`_Lane.pushing`: the lane's lock, and whether this section is nested in another."""
+
+    __slots__ = ("_lane",)
+
+    def __init__(self, lane: _Lane) -> None:
+        self._lane = lane
+
+    def __enter__(self) -> bool:
+        lane = self._lane
+        lane.lock.acquire()
+        lane._depth += 1
+        return lane._depth > 1
+
+    def __exit__(self, *exc: object) -> None:
+        lane = self._lane
+        lane._depth -= 1
+        lane.lock.release()

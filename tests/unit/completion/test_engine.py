@@ -120,7 +120,7 @@ def test_events_come_from_a_pool(harness: Harness, engine: CompletionEngine) -> 
     assert stats.retired == 50 and stats.pending == 0 and stats.failed == 0
 
 
-def test_watch_event_callbacks_run_in_watch_order_on_the_lane(harness: Harness, engine: CompletionEngine) -> None:
+def test_record_and_watch_callbacks_run_in_watch_order_on_the_lane(harness: Harness, engine: CompletionEngine) -> None:
     b = harness.backend
     s = harness.stream()
     gate = harness.gate(s)
@@ -128,14 +128,13 @@ def test_watch_event_callbacks_run_in_watch_order_on_the_lane(harness: Harness, 
     calls: list[tuple[int, object, str]] = []
     done = threading.Event()
     for i, ev in enumerate(events):
-        b.event_record(ev, s)
 
         def cb(err: BaseException | None, i: int = i) -> None:
             calls.append((i, err, threading.current_thread().name))
             if i == len(events) - 1:
                 done.set()
 
-        engine.watch_event(ev, s, cb)
+        engine.record_and_watch(ev, s, cb)
     gate.open()
     assert done.wait(5)
     assert [c[0] for c in calls] == list(range(20))
@@ -178,13 +177,12 @@ def _hold_lane(engine: CompletionEngine, backend: Any, stream: int) -> tuple[thr
     """Keep ``stream``'s lane busy in a callback until the returned ``release`` is set; also returns its event."""
     held, release = threading.Event(), threading.Event()
     ev = backend.event_create(timing=False, blocking_sync=True)
-    backend.event_record(ev, stream)
 
     def hold(_err: BaseException | None) -> None:
         held.set()
         release.wait(10)
 
-    engine.watch_event(ev, stream, hold)
+    engine.record_and_watch(ev, stream, hold)
     assert held.wait(5)
     return release, ev
 

@@ -54,8 +54,7 @@ def test_hung_waits_resolve_every_waiter_with_the_error_within_seconds(harness: 
     ev = b.event_create(timing=False, blocking_sync=True)
     c1 = engine.completion_for_stream(s1, keepalive=bytearray(8))
     h = engine.host_call(s1, ran.append, (1,))  # behind the gate: the failed stream never reaches it
-    b.event_record(ev, s1)
-    engine.watch_event(ev, s1, calls.append)
+    engine.record_and_watch(ev, s1, calls.append)
     c2 = engine.completion_for_stream(s1)
     c3 = engine.completion_for_stream(s2)
     time.sleep(0.05)
