@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, AbstractSet, Any, Callable, Final
 import numpy as np
 
 from ._backends.protocol import PointerKind
+from ._errors import ClosedError
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -172,8 +173,9 @@ class Buffer:
     def numpy(self, dtype: Any = np.uint8) -> np.ndarray:
         """A numpy array over the buffer's bytes (host and pageable buffers only).
 
-        The array aliases the memory: it is valid while the buffer is not released,
-        and host writes race with in-flight stream work that reads the buffer.
+        The array aliases the memory and keeps the Buffer alive: it stays valid
+        until the buffer is released (also past ``rt.close()``), and host writes
+        race with in-flight stream work that reads the buffer.
         """
         self.check_usable()
         if self._kind == DEVICE:
@@ -185,6 +187,7 @@ class Buffer:
         if count == 0:
             return np.empty(0, dtype=dt)
         raw: Any = (ctypes.c_char * self._nbytes).from_address(self._ptr)  # a buffer-protocol object
+        raw._buffer = self  # the array (whose base is raw) keeps the buffer, and so its memory, alive
         arr = np.frombuffer(raw, dtype=dt, count=count)
         if self._readonly:
             arr.flags.writeable = False
@@ -257,6 +260,8 @@ def wrap_foreign(obj: Any, runtime: Runtime, nbytes: int | None = None) -> Buffe
         raise TypeError("expected a Buffer or an object exposing memory, got None")
     if isinstance(obj, Buffer):
         buf = obj
+    elif runtime._closed:
+        raise ClosedError(f"{runtime!r} is closed: it cannot take in foreign memory")
     elif hasattr(obj, "__cuda_array_interface__"):
         buf = _from_cuda_array_interface(obj, runtime)
     elif hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):

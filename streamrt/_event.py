@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Generator
 
+from ._completion import refuse_blocking_wait
 from ._errors import ClosedError
 
 if TYPE_CHECKING:
@@ -58,7 +59,11 @@ class Event:
         return self._runtime.backend.event_query(self._handle)
 
     def synchronize(self) -> None:
-        """Block the calling thread until the event has completed (the GIL is released)."""
+        """Block the calling thread until the event has completed (the GIL is released).
+
+        Raises ``RuntimeError`` on a runtime thread (a Python host function, a done callback).
+        """
+        refuse_blocking_wait("event.synchronize()")
         self._check_open()
         tracer = self._runtime._tracer
         if tracer is None:
@@ -96,11 +101,14 @@ class Event:
 
     def close(self) -> None:
         """Destroy the backend event. Idempotent. Work already waiting on it is unaffected."""
-        if not self._closed:
+        rt = self._runtime
+        with rt._lock:  # one close, also when the runtime's close closes it from another thread
+            if self._closed:
+                return
             self._closed = True
-            self._runtime._forget_event(self)
-            if not self._runtime.is_closed:
-                self._runtime.backend.event_destroy(self._handle)
+            rt._events.discard(self)
+        if not rt.is_closed:
+            rt.backend.event_destroy(self._handle)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -38,6 +38,7 @@ thread; they are serialized per graph.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -57,7 +58,7 @@ from ._pipeline_nodes import (
     graph_node_names,
 )
 from ._run import Run, RunChain, record_tail
-from ._stream import Stream
+from ._stream import Stream, holding
 from ._streampool import pool_for
 
 if TYPE_CHECKING:
@@ -169,7 +170,9 @@ def _capture_exec(
     ctx = EnqueueContext(capturing=True, slots=slots)
     capturing = False
     graph = 0
+    held = contextlib.ExitStack()
     try:
+        held.enter_context(holding([stream, *sides]))  # no other thread's work slips into the capture
         backend.stream_begin_capture(h, mode)
         capturing = True
         if pool is not None:
@@ -196,13 +199,14 @@ def _capture_exec(
             backend.graph_destroy(graph)
         for slot in slots.values():
             slot.close()
-        if not isinstance(exc, Exception):
+        if not isinstance(exc, Exception) or isinstance(exc, ClosedError):
             raise
         where = f" at node {ctx.current!r}" if ctx.current else ""
         if isinstance(exc, CaptureError):
             raise CaptureError(f"capturing pipeline {name!r} failed{where}: {exc}") from exc
         raise CaptureError(f"capturing pipeline {name!r} failed{where}: {type(exc).__name__}: {exc}") from exc
     finally:
+        held.close()
         if pool is not None:
             if fork_ev is not None:
                 pool.release_event(fork_ev)
@@ -300,10 +304,14 @@ class Graph:
         if stream._runtime is not self._runtime:
             raise ValueError("the stream belongs to another runtime than the graph")
         backend = self._runtime.backend
-        with DeferredWakes(), self._chain.lock, self._lock:
+        with DeferredWakes(), stream._lock, self._chain.lock, self._lock:  # the stream's lock first: see Stream.lock
+            if stream._closed:
+                stream._check_open()
             state = self._state
             if state is None:
                 raise ClosedError(f"graph {self._name!r} is closed")
+            if backend.stream_is_capturing(stream._handle):
+                raise CaptureError(f"{stream.name} is capturing: a graph is replayed on a stream that is not capturing")
             for b in state.buffers:
                 root = b._base if b._base is not None else b
                 if root._released:

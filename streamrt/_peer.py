@@ -137,21 +137,24 @@ def peer_copy(
                 entry[1].append(buf)
     tracer = rt._tracer if trace else None
     d, s, h = dst._ptr, src._ptr, stream._handle
-    if tracer is None:
-        backend.memcpy_peer_async(d, dd, s, sd, nbytes, h)
-    else:
-        tracer.op(
-            stream,
-            "device_to_device",
-            nbytes,
-            lambda: backend.memcpy_peer_async(d, dd, s, sd, nbytes, h),
-            pipeline=pipeline,
-            node=node,
-        )
-    for buf in (dst, src):
-        if buf._runtime is rt:
-            buf.note_stream(stream)
-    for peer_stream, bufs in others.values():
-        peer_stream.wait_stream(stream)
-        for buf in bufs:
-            buf.note_stream(peer_stream)
+    with stream._lock:  # the peer streams' locks are taken inside it, never the other way round
+        if stream._closed:
+            stream._check_open()
+        if tracer is None:
+            backend.memcpy_peer_async(d, dd, s, sd, nbytes, h)
+        else:
+            tracer.op(
+                stream,
+                "device_to_device",
+                nbytes,
+                lambda: backend.memcpy_peer_async(d, dd, s, sd, nbytes, h),
+                pipeline=pipeline,
+                node=node,
+            )
+        for buf in (dst, src):
+            if buf._runtime is rt:
+                buf.note_stream(stream)
+        for peer_stream, bufs in others.values():
+            peer_stream.wait_stream(stream)
+            for buf in bufs:
+                buf.note_stream(peer_stream)

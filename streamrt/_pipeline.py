@@ -75,7 +75,7 @@ from ._pipeline_nodes import (
     enqueue_plan,
 )
 from ._run import Run, RunChain, record_tail
-from ._stream import Stream
+from ._stream import Stream, holding
 from ._streampool import pool_for
 
 if TYPE_CHECKING:
@@ -355,15 +355,17 @@ class Pipeline:
         stream = self._check_stream(stream)
         if isinstance(wait_for, Event) and wait_for._runtime is not stream._runtime and wait_for._runtime._backend is not stream._backend:
             raise ValueError("wait_for event belongs to another runtime with a different backend instance")
-        if stream._backend.stream_is_capturing(stream._handle):
-            raise CaptureError(
-                f"{stream.name} is capturing: launch() enqueues eager work whose completion is watched; "
-                "use pipeline.capture(stream) to record the pipeline into a graph"
-            )
         rt = stream._runtime
         if rt._multi_device:  # host-node events and kernel launches need the stream's device current
             stream._backend.ensure_device(rt._device)
-        with DeferredWakes(), self._lock:
+        with DeferredWakes(), stream._lock, self._lock:  # the stream's lock first: see Stream.lock
+            if stream._closed:
+                stream._check_open()
+            if stream._backend.stream_is_capturing(stream._handle):
+                raise CaptureError(
+                    f"{stream.name} is capturing: launch() enqueues eager work whose completion is watched; "
+                    "use pipeline.capture(stream) to record the pipeline into a graph"
+                )
             order, keep = self._validated()
             where = self._placement(rt)
             if where is not None:
@@ -393,7 +395,9 @@ class Pipeline:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}: use 'stream' or 'fork'")
         stream = self._check_stream(stream)
-        with self._lock:
+        with stream._lock, self._lock:
+            if stream._closed:
+                stream._check_open()
             order, _keep = self._validated()
             if self._devices or self._placement(stream._runtime) is not None:
                 raise CaptureError(
@@ -440,24 +444,25 @@ class Pipeline:
         ctx = EnqueueContext(capturing=False)
         fork_ev: Event | None = None
         try:
-            if wait_for == "stream":
-                self._serialize_after_previous((stream,))
-                fork_ev = pool.acquire_event()
-                stream.record(fork_ev)
-                entry: Event | None = fork_ev
-            else:
-                self._serialize_after_previous(streams)
-                entry = wait_for if isinstance(wait_for, Event) else None
-            try:
-                enqueue_plan(self._nodes, order, plan, streams, pool, ctx, fork_from_caller=entry, join=join)
-            except BaseException as exc:
-                for s in streams:
-                    self._fail_partial(s, keep, ctx, exc if s is stream else None)
-                raise
-            if join:
-                tails = [record_tail(stream, pool, keep)]
-            else:
-                tails = [record_tail(s, pool, keep) for s in streams]
+            with holding(sides):
+                if wait_for == "stream":
+                    self._serialize_after_previous((stream,))
+                    fork_ev = pool.acquire_event()
+                    stream.record(fork_ev)
+                    entry: Event | None = fork_ev
+                else:
+                    self._serialize_after_previous(streams)
+                    entry = wait_for if isinstance(wait_for, Event) else None
+                try:
+                    enqueue_plan(self._nodes, order, plan, streams, pool, ctx, fork_from_caller=entry, join=join)
+                except BaseException as exc:
+                    for s in streams:
+                        self._fail_partial(s, keep, ctx, exc if s is stream else None)
+                    raise
+                if join:
+                    tails = [record_tail(stream, pool, keep)]
+                else:
+                    tails = [record_tail(s, pool, keep) for s in streams]
         finally:
             if fork_ev is not None:
                 pool.release_event(fork_ev)

@@ -19,7 +19,7 @@ from ._backends import select_auto
 from ._backends._shared import BackendLease, acquire_backend
 from ._backends.protocol import Backend, Capabilities, priority_clamp
 from ._buffer import DEVICE, HOST, Buffer, wrap_foreign
-from ._completion import DEFAULT_AWAIT_POLL_US, CompletionEngine
+from ._completion import DEFAULT_AWAIT_POLL_US, CompletionEngine, refuse_blocking_wait
 from ._errors import ClosedError
 from ._event import Event
 from ._hostcall import DEFAULT_SWITCH_INTERVAL
@@ -238,10 +238,15 @@ class Runtime:
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise TypeError(f"priority must be an int, got {type(priority).__name__}")
         priority = priority_clamp(priority, self._capabilities.priority_range)
-        self._backend.ensure_device(self._device)
-        handle = self._backend.stream_create(priority)
-        stream = Stream(self, handle, priority=priority, owned=True, name=name)
-        with self._lock:
+        with self._lock:  # not while close() runs: every stream it will close is registered first
+            self._check_accepting()
+            self._backend.ensure_device(self._device)
+            handle = self._backend.stream_create(priority)
+            try:
+                stream = Stream(self, handle, priority=priority, owned=True, name=name)
+            except BaseException:
+                self._backend.stream_destroy(handle)
+                raise
             self._streams.add(stream)
         return stream
 
@@ -263,19 +268,20 @@ class Runtime:
             handle = obj
         if isinstance(handle, bool) or not isinstance(handle, int) or handle < 0:
             raise TypeError(f"cannot wrap {type(obj).__name__} as a stream: expected __cuda_stream__, .cuda_stream or an int handle")
-        stream = Stream(self, handle, owned=False, name=name, foreign=obj if obj is not handle else None)
         with self._lock:
+            self._check_accepting()
+            stream = Stream(self, handle, owned=False, name=name, foreign=obj if obj is not handle else None)
             self._streams.add(stream)
         return stream
 
     def create_event(self, *, timing: bool = False) -> Event:
         """A new (blocking-sync) event; ``timing=True`` allows :meth:`Event.elapsed_ms`."""
-        self._check_open()
-        if self._multi_device:
-            self._backend.ensure_device(self._device)
-        handle = self._backend.event_create(timing=bool(timing), blocking_sync=True)
-        event = Event(self, handle, bool(timing))
         with self._lock:
+            self._check_accepting()
+            if self._multi_device:
+                self._backend.ensure_device(self._device)
+            handle = self._backend.event_create(timing=bool(timing), blocking_sync=True)
+            event = Event(self, handle, bool(timing))
             self._events.add(event)
         return event
 
@@ -365,7 +371,11 @@ class Runtime:
 
     # -- whole-device operations -------------------------------------------------------------------
     def synchronize(self) -> None:
-        """Block until all work on the device has completed (the GIL is released)."""
+        """Block until all work on the device has completed (the GIL is released).
+
+        Raises ``RuntimeError`` on a runtime thread (a Python host function, a done callback).
+        """
+        refuse_blocking_wait("rt.synchronize()")
         self._check_open()
         if self._multi_device:
             self._backend.ensure_device(self._device)
@@ -399,6 +409,8 @@ class Runtime:
             schedulers = list(self._schedulers)
         for sched in schedulers:
             sched.close()
+        for s in streams:  # after any enqueue in progress on another thread; later ones raise ClosedError
+            s._refuse_work()
         if self._tracer is not None:
             finish_on_close(self)
         try:
@@ -411,7 +423,7 @@ class Runtime:
                 allocator.close()
             self.releaser.close()
             for s in streams:
-                s.close()
+                s._release()
             for e in events:
                 e.close()
             from ._kernel import close_library_for
@@ -434,6 +446,11 @@ class Runtime:
         if self._closed:
             raise ClosedError("runtime is closed")
 
+    def _check_accepting(self) -> None:
+        """Under ``_lock``: no new streams or events once ``close`` has begun."""
+        if self._closed or self._closing:
+            raise ClosedError("runtime is closed")
+
     def _forget_stream(self, stream: Stream) -> None:
         with self._lock:
             self._streams.discard(stream)
@@ -452,10 +469,6 @@ class Runtime:
             if stream is not made:
                 made.close()
         return stream
-
-    def _forget_event(self, event: Event) -> None:
-        with self._lock:
-            self._events.discard(event)
 
     def __repr__(self) -> str:
         return f"<Runtime {self.backend_name}:{self._device}{' closed' if self._closed else ''}>"

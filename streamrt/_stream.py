@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Callable
 
 from ._backends.protocol import MemcpyKind
 from ._buffer import DEVICE, HOST, PAGEABLE, Buffer, check_size, wrap_foreign
+from ._completion import refuse_blocking_wait
 from ._errors import ClosedError
 from ._event import Event
 from ._peer import check_peer_buffer, peer_copy
@@ -15,7 +18,7 @@ if TYPE_CHECKING:
     from ._completion import Completion
     from ._runtime import Runtime
 
-__all__ = ["Stream", "native_function_address"]
+__all__ = ["Stream", "holding", "native_function_address"]
 
 _COPY_KIND = {
     (HOST, HOST): MemcpyKind.HOST_TO_HOST,
@@ -57,6 +60,21 @@ def _user_data(args: tuple[Any, ...]) -> int:
     raise TypeError(f"cannot pass {type(arg).__name__} as user data to a native host function")
 
 
+@contextlib.contextmanager
+def holding(streams: Iterable[Stream]) -> Iterator[None]:
+    """Hold the enqueue locks of ``streams`` (in the order given), each checked open: ``ClosedError`` if not.
+
+    For work that spans several streams (a fork launch's side streams): no
+    close of one of them can come between its parts.
+    """
+    with contextlib.ExitStack() as stack:
+        for s in streams:
+            stack.enter_context(s._lock)
+            if s._closed:
+                s._check_open()
+        yield
+
+
 class _ForeignBuffer(ValueError):
     """A buffer of another runtime where only the stream's runtime's are accepted (``copy`` retries it as a peer copy)."""
 
@@ -73,12 +91,18 @@ class Stream:
     same backend object (a peer copy, see :mod:`streamrt._peer`). :meth:`wait`
     takes events of any runtime of the same backend object (a cross-device wait).
 
-    Thread rules: a stream may be used from several threads; the order of work
-    enqueued concurrently from different threads is the order the calls reach
-    the backend.
+    Thread rules: a stream may be used from several threads. Each enqueue holds
+    the stream's enqueue lock (:attr:`lock`) while it calls the backend, so
+    calls from different threads are enqueued one after the other, in the
+    order they take the lock, and :meth:`close` (or the runtime's) waits for
+    an enqueue in progress: a call either enqueues its work or raises
+    ``ClosedError``.
     """
 
-    __slots__ = ("_runtime", "_backend", "_handle", "_priority", "_owned", "_closed", "_name", "_foreign", "__weakref__")
+    __slots__ = (
+        "_runtime", "_backend", "_handle", "_priority", "_owned", "_closed", "_released", "_name", "_foreign",
+        "_lane", "_lock", "__weakref__",
+    )
 
     def __init__(self, runtime: Runtime, handle: int, *, priority: int = 0, owned: bool, name: str | None = None, foreign: Any = None) -> None:
         self._runtime = runtime
@@ -86,7 +110,10 @@ class Stream:
         self._handle = handle
         self._priority = priority
         self._owned = owned
-        self._closed = False
+        self._closed = False  # no more work accepted (set under the lock)
+        self._released = False  # forgotten by the engine, destroyed if owned
+        self._lane = runtime._engine.lane(handle)
+        self._lock = self._lane.lock
         self._name = name or f"stream-0x{handle:x}"
         self._foreign = foreign  # keeps a wrapped torch/cupy stream object alive
 
@@ -117,10 +144,20 @@ class Stream:
         return self._closed
 
     @property
+    def lock(self) -> Any:
+        """The stream's enqueue lock (re-entrant): held by every enqueue, taken by :meth:`close`.
+
+        Hold it to enqueue a sequence of operations that no other thread's work
+        on this stream may interleave with.
+        """
+        return self._lock
+
+    @property
     def is_idle(self) -> bool:
         """``True`` when all work enqueued so far has completed. Non-blocking."""
-        self._check_open()
-        return self._backend.stream_query(self._handle)
+        with self._lock:
+            self._check_open()
+            return self._backend.stream_query(self._handle)
 
     # -- memory operations ----------------------------------------------------------
     def memset(self, dst: Any, value: int, nbytes: int | None = None) -> None:
@@ -137,11 +174,14 @@ class Stream:
         n = buf._nbytes if nbytes is None else check_size(nbytes, "nbytes")
         if n > buf._nbytes:
             raise ValueError(f"memset of {n} bytes exceeds dst's {buf._nbytes} bytes")
-        tracer = self._runtime._tracer
-        if tracer is None:
-            self._backend.memset_async(buf._ptr, value, n, self._handle)
-        else:
-            tracer.op(self, "memset", n, lambda: self._backend.memset_async(buf._ptr, value, n, self._handle))
+        with self._lock:
+            if self._closed:
+                self._check_open()
+            tracer = self._runtime._tracer
+            if tracer is None:
+                self._backend.memset_async(buf._ptr, value, n, self._handle)
+            else:
+                tracer.op(self, "memset", n, lambda: self._backend.memset_async(buf._ptr, value, n, self._handle))
         buf.note_stream(self)
 
     def copy(self, dst: Any, src: Any, nbytes: int | None = None) -> None:
@@ -176,11 +216,16 @@ class Stream:
                 "async copies need device or pinned host memory on both sides; "
                 f"got src {s._kind}, dst {d._kind}: stage pageable data through rt.host_allocator.allocate(n)"
             )
-        tracer = self._runtime._tracer
-        if tracer is None:
-            self._backend.memcpy_async(d._ptr, s._ptr, n, kind, self._handle)
-        else:
-            tracer.op(self, kind.name.lower(), n, lambda: self._backend.memcpy_async(d._ptr, s._ptr, n, kind, self._handle))
+        if n and d._ptr < s._ptr + n and s._ptr < d._ptr + n:
+            raise ValueError("copy: src and dst overlap (copy through a separate buffer)")
+        with self._lock:
+            if self._closed:
+                self._check_open()
+            tracer = self._runtime._tracer
+            if tracer is None:
+                self._backend.memcpy_async(d._ptr, s._ptr, n, kind, self._handle)
+            else:
+                tracer.op(self, kind.name.lower(), n, lambda: self._backend.memcpy_async(d._ptr, s._ptr, n, kind, self._handle))
         d.note_stream(self)
         s.note_stream(self)
 
@@ -236,17 +281,20 @@ class Stream:
             if address is not None:
                 # Kept alive (and its address remembered) until the runtime closes.
                 runtime._native_functions[id(fn)] = (fn, address)
-        tracer = runtime._tracer
-        if address is None:
-            engine = runtime._engine
+        user_data = _user_data(args) if address is not None and args else 0
+        with self._lock:
+            if self._closed:
+                self._check_open()
+            tracer = runtime._tracer
+            if address is None:
+                engine = runtime._engine
+                if tracer is None:
+                    return engine.host_call(self._handle, fn, args)
+                return tracer.host_call(self, fn, args, engine.host_call)
             if tracer is None:
-                return engine.host_call(self._handle, fn, args)
-            return tracer.host_call(self, fn, args, engine.host_call)
-        user_data = _user_data(args) if args else 0
-        if tracer is None:
-            self._backend.launch_host_func(self._handle, address, user_data)
-        else:
-            tracer.op(self, "host_native", 0, lambda: self._backend.launch_host_func(self._handle, address, user_data))
+                self._backend.launch_host_func(self._handle, address, user_data)
+            else:
+                tracer.op(self, "host_native", 0, lambda: self._backend.launch_host_func(self._handle, address, user_data))
         return None
 
     # -- kernels --------------------------------------------------------------------------------
@@ -278,12 +326,15 @@ class Stream:
                     "stream.wait accepts events of other runtimes"
                 )
             event._check_open()
-        tracer = self._runtime._tracer
-        if tracer is None:
-            self._backend.event_record(event._handle, self._handle)
-        else:
-            tracer.op(self, "record", 0, lambda: self._backend.event_record(event._handle, self._handle))
-        event._recorded_on = self._handle
+        with self._lock:
+            if self._closed:
+                self._check_open()
+            tracer = self._runtime._tracer
+            if tracer is None:
+                self._backend.event_record(event._handle, self._handle)
+            else:
+                tracer.op(self, "record", 0, lambda: self._backend.event_record(event._handle, self._handle))
+            event._recorded_on = self._handle
         return event
 
     def wait(self, event: Event) -> None:
@@ -304,11 +355,14 @@ class Stream:
                 f"stream's ({self._runtime!r}): streams wait only on events of their own backend instance"
             )
         event._check_open()
-        tracer = self._runtime._tracer
-        if tracer is None:
-            self._backend.stream_wait_event(self._handle, event._handle)
-        else:
-            tracer.op(self, "wait_event", 0, lambda: self._backend.stream_wait_event(self._handle, event._handle))
+        with self._lock:
+            if self._closed:
+                self._check_open()
+            tracer = self._runtime._tracer
+            if tracer is None:
+                self._backend.stream_wait_event(self._handle, event._handle)
+            else:
+                tracer.op(self, "wait_event", 0, lambda: self._backend.stream_wait_event(self._handle, event._handle))
 
     def wait_stream(self, other: Stream) -> None:
         """Make later work on this stream wait for all work enqueued so far on ``other``.
@@ -324,30 +378,49 @@ class Stream:
             ev.close()
 
     def synchronize(self) -> None:
-        """Block the calling thread until all work enqueued so far has completed (the GIL is released)."""
-        self._check_open()
-        tracer = self._runtime._tracer
-        if tracer is None:
-            self._backend.stream_synchronize(self._handle)
-        else:
-            tracer.blocking(self, "stream.synchronize", lambda: self._backend.stream_synchronize(self._handle))
+        """Block the calling thread until all work enqueued so far has completed (the GIL is released).
+
+        Raises ``RuntimeError`` on a runtime thread (in a Python host function or
+        a done callback), where it would wait for work queued behind that thread.
+        """
+        refuse_blocking_wait("stream.synchronize()")
+        with self._lock:
+            self._check_open()
+            tracer = self._runtime._tracer
+            if tracer is None:
+                self._backend.stream_synchronize(self._handle)
+            else:
+                tracer.blocking(self, "stream.synchronize", lambda: self._backend.stream_synchronize(self._handle))
 
     def wait_idle(self) -> Completion:
         """An awaitable :class:`Completion` that resolves when the work enqueued so far has completed.
 
         ``await stream.wait_idle()`` never blocks the event loop.
         """
-        self._check_open()
-        return self._runtime._engine.completion_for_stream(self._handle)
+        with self._lock:
+            self._check_open()
+            return self._runtime._engine.completion_for_stream(self._handle)
 
     # -- lifetime ---------------------------------------------------------------------------------
     def close(self) -> None:
         """Stop accepting work. An owned stream is destroyed once its queued work completes
         (destroying a stream with work in flight is legal in HIP/CUDA: the work still runs).
-        A wrapped foreign stream is left alone. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
+        A wrapped foreign stream is left alone. Waits for an enqueue in progress on another
+        thread; later ones raise ``ClosedError``. Idempotent."""
+        self._refuse_work()
+        self._release()
+
+    def _refuse_work(self) -> None:
+        """Accept no more work (after any enqueue in progress)."""
+        with self._lock:
+            self._closed = True
+
+    def _release(self) -> None:
+        """Forget the stream and destroy it if owned (once; after :meth:`_refuse_work`)."""
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
         self._runtime._forget_stream(self)
         if self._owned and not self._runtime.is_closed:
             self._backend.stream_destroy(self._handle)

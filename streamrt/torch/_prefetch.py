@@ -168,9 +168,11 @@ class Prefetcher(Iterator[Any]):
         return self
 
     def __next__(self) -> Any:
-        """The next batch on the device, ready for the consumer's stream. Raises ``StopIteration`` at the end."""
+        """The next batch on the device, ready for the consumer's stream. Raises ``StopIteration`` at the end,
+        ``ClosedError`` once the runtime is closed."""
         if self._closed:
             raise StopIteration
+        self._rt._check_open()
         if not self._queue:
             self._fill()
         if not self._queue:

@@ -550,7 +550,10 @@ class SimBackend(MemoryCalls, GraphCalls, KernelCalls):
         return C.error_string(code)
 
     def close(self) -> None:
-        """Drain (up to ``close_timeout`` s), stop and join the threads, drop all memory. Idempotent."""
+        """Drain (up to ``close_timeout`` s), stop and join the threads, drop every handle. Idempotent.
+
+        Memory never freed stays mapped as long as this backend object lives (see ``MemoryMap.close``).
+        """
         tls = self._tls
         if tls.role is not None:
             fail(C.NOT_PERMITTED, f"called from the simulator's {tls.role} thread", "close")
@@ -568,7 +571,7 @@ class SimBackend(MemoryCalls, GraphCalls, KernelCalls):
             self._modules.clear()
             self._functions.clear()
             self._captures.clear()
-            self._mem.clear()
+            self._mem.close()
         if not drained:
             names = ", ".join(t.name for t in stuck) or "none"
             warnings.warn(

@@ -240,9 +240,13 @@ class MemoryMap:
     def live(self) -> list[Allocation]:
         return self._live.values()
 
-    def clear(self) -> None:
-        """Forget everything (close): mappings go away once no op references them."""
-        self._live.clear()
+    def close(self) -> None:
+        """The backend closed: forget the tombstones, keep live allocations mapped.
+
+        As on a GPU, where closing a context-sharing runtime frees no memory,
+        memory never freed stays valid: a Buffer (or a numpy array over one)
+        kept past ``rt.close()`` still reads and writes it. The mappings go
+        with this map, once nothing references the backend object.
+        """
         self._tombs.clear()
         self._tomb_order.clear()
-        self.used = [0] * len(self.used)
