@@ -6,6 +6,7 @@
 #
 # Wheels for what the machine lacks (hip-python, pytest-asyncio) are installed from .whl/
 # when present (../shared/tools/device-wheels.sh .whl downloads them). Logs go to OUTDIR.
+# The exit status is pytest's, else that of the first benchmark that failed: read the counts too.
 set -uo pipefail
 out=${1:?usage: tools/gpu_suite.sh OUTDIR [tests|bench|all] [pytest args...]}
 what=${2:-all}
@@ -20,10 +21,14 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-}
 nvidia-smi -L | tee "$out/gpu.txt"
 python3 -c "import sys, torch, cuda.bindings, pytest; print(sys.version.split()[0], 'torch', torch.__version__, 'cuda.bindings', cuda.bindings.__version__, 'pytest', pytest.__version__)" | tee -a "$out/gpu.txt"
 
+status=0  # pytest's exit status, else the first failing benchmark's
 if [[ $what == tests || $what == all ]]; then
   # -m gpu plus the contract tests: every backend-parametrized test runs on sim, cuda and hip.
   timeout "${SUITE_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider -rfE \
-      -o faulthandler_timeout="${FAULT_TIMEOUT:-90}" "$@" 2>&1 | tee "$out/pytest.log" | grep -v "^SKIPPED" | tail -40
+      -o faulthandler_timeout="${FAULT_TIMEOUT:-90}" "$@" > "$out/pytest.log" 2>&1
+  status=$?
+  grep -v "^SKIPPED" "$out/pytest.log" | tail -40
+  echo "pytest exit status: $status"
 fi
 if [[ $what == bench || $what == all ]]; then
   # Each benchmark runs its variants side by side in one process; JSON and logs go to OUTDIR.
@@ -31,7 +36,9 @@ if [[ $what == bench || $what == all ]]; then
     local name=$1 limit=$2; shift 2
     echo "== $name"
     timeout "$limit" "$@" > "$out/$name.log" 2>&1
-    echo "   exit $?"; tail -n "${BENCH_TAIL:-14}" "$out/$name.log"
+    local rc=$?
+    echo "   exit $rc"; tail -n "${BENCH_TAIL:-14}" "$out/$name.log"
+    if [[ $rc != 0 && $status == 0 ]]; then status=$rc; fi
   }
   hoc="python3 tools/with_hip_on_cuda.py"
   for b in cuda hip; do
@@ -43,3 +50,4 @@ if [[ $what == bench || $what == all ]]; then
   bench device_prepare_cuda 120 python3 demos/bench/device_prepare.py --backend cuda --out "$out/device_prepare_cuda.json"
   ${EXTRA_BENCH:-true}
 fi
+exit "$status"

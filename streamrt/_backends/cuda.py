@@ -578,6 +578,7 @@ class CudaBackend:
             total_memory=int(props.totalGlobalMem),
             multiprocessor_count=int(props.multiProcessorCount),
             supports_stream_signals=self._can_wait_value64(device),
+            max_shared_memory_per_block=int(props.sharedMemPerBlock),
         )
         self._caps[device] = caps
         return caps

@@ -450,6 +450,7 @@ class HipBackend:
             total_memory=int(props.totalGlobalMem),
             multiprocessor_count=int(props.multiProcessorCount),
             supports_stream_signals=self._can_wait_value(device),
+            max_shared_memory_per_block=int(props.sharedMemPerBlock),
         )
         self._offload_arch[device] = offload_arch
         self._capabilities[device] = caps

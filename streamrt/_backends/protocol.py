@@ -89,6 +89,9 @@ class Capabilities:
         virtual_clock: event times come from a deterministic virtual clock.
         total_memory: device memory in bytes.
         multiprocessor_count: compute units / SMs (used by the seed workload).
+        max_shared_memory_per_block: bytes of shared memory a kernel launch
+            may use per block (static plus dynamic) without opting in per
+            kernel; a launch asking for more is refused before it is enqueued.
     """
 
     backend: str
@@ -103,6 +106,7 @@ class Capabilities:
     total_memory: int
     multiprocessor_count: int
     supports_stream_signals: bool = False
+    max_shared_memory_per_block: int = 48 * 1024
 
 
 @runtime_checkable

@@ -21,7 +21,7 @@ from .._errors import ClosedError
 if TYPE_CHECKING:
     from ._lane import _Lane
 
-__all__ = ["DEFAULT_AWAIT_POLL_US", "Completion", "PostBatch"]
+__all__ = ["DEFAULT_AWAIT_POLL_US", "Completion", "PostBatch", "on_runtime_thread", "refuse_blocking_wait"]
 
 _log = logging.getLogger("streamrt")
 
@@ -121,6 +121,34 @@ _POLL_GAP_NS = 2_000
 # .engine: the engine whose work the calling thread retires for a polling await (else absent/None)
 _polling = threading.local()
 
+
+def on_runtime_thread() -> bool:
+    """``True`` on a thread of a completion engine (lane, host-call worker, watchdog), or while the
+    calling thread retires an engine's work for a polling await (it runs done callbacks then)."""
+    return getattr(_polling, "engine", None) is not None or getattr(threading.current_thread(), "_streamrt_engine", None) is not None
+
+
+def refuse_blocking_wait(what: str) -> None:
+    """Raise ``RuntimeError`` if the calling thread is a runtime thread: a blocking wait there waits for itself.
+
+    A Python host function holds its stream until it returns, and a done
+    callback runs on the thread that retires the stream's work, so work that
+    such a thread waits for may be queued behind it; it would never finish.
+    """
+    if on_runtime_thread():
+        raise RuntimeError(
+            f"{what} called on a streamrt runtime thread (in a Python host function or a done callback): "
+            "it would wait for work that may be queued behind this thread and never return. Host functions "
+            "and callbacks must not block on GPU work: await it, or chain work with add_done_callback"
+        )
+
+
+def _check_timeout(timeout: object) -> None:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be None or a number of seconds, not {type(timeout).__name__}")
+    if not timeout >= 0:  # NaN fails this too
+        raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
+
 PostBatch = dict[asyncio.AbstractEventLoop, list["asyncio.Future[None]"]]  # filled while one lane batch retires
 
 
@@ -186,10 +214,16 @@ class Completion:
 
         Does not raise the work's exception (see :meth:`result`). Raises
         ``TimeoutError`` if ``timeout`` seconds pass first. Calling it on an
-        event loop's thread blocks that loop: use ``await`` there.
+        event loop's thread blocks that loop: use ``await`` there. On a
+        runtime thread (a Python host function, a done callback) waiting for
+        pending work raises ``RuntimeError``: that work may be queued behind
+        the waiting thread.
         """
+        if timeout is not None:
+            _check_timeout(timeout)
         if self._done:
             return
+        refuse_blocking_wait("Completion.wait()")
         with _state_lock:
             if self._done:
                 return

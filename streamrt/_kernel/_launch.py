@@ -49,6 +49,9 @@ def prepare_launch(
     g = launch_dims(grid, "grid")
     b = launch_dims(block, "block")
     smem = check_shared_mem(shared_mem)
+    limit = kernel.runtime.capabilities.max_shared_memory_per_block
+    if smem > limit:
+        raise ValueError(f"shared_mem={smem} bytes exceeds the {limit} bytes a block may use on this device")
     bound = kernel.bind(args)
     spec = kernel.spec
     if spec is not None and spec.check is not None:

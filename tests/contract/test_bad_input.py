@@ -292,3 +292,62 @@ def test_a_failed_backend_call_leaves_no_last_error_behind(rt: srt.Runtime) -> N
     finally:
         rt.backend.event_destroy(a)
         rt.backend.event_destroy(b)
+
+
+def test_copy_between_overlapping_ranges_of_one_buffer(rt, setup) -> None:
+    s, d, h = setup
+    for dst, src in [(d.view(0, 32), d.view(16, 32)), (d.view(16, 32), d.view(0, 32)), (h.view(8, 16), h.view(0, 16))]:
+        with pytest.raises(ValueError, match="overlap"):
+            s.copy(dst, src)
+    s.copy(d.view(0, 16), d.view(16, 16))  # adjacent ranges are fine
+    s.memset(d, 0x11)
+    s.synchronize()
+    _nothing_enqueued(rt, s, d, h)
+
+
+@pytest.mark.parametrize("timeout, error", [("x", TypeError), (True, TypeError), (-1, ValueError), (float("nan"), ValueError)])
+def test_completion_wait_timeout_is_checked(rt, setup, timeout, error) -> None:
+    s, _d, _h = setup
+    done = s.wait_idle()
+    pending = s.launch_host_func(lambda: None)
+    for c in (done, pending):
+        for call in (c.wait, c.result, c.exception):
+            with pytest.raises(error, match="timeout"):
+                call(timeout)
+    assert pending.result(10) is None
+
+
+def test_graph_launch_on_a_capturing_stream_is_a_capture_error(rt, setup) -> None:
+    if not rt.capabilities.supports_graphs:
+        pytest.skip("no graphs on this backend")
+    s, d, h = setup
+    p = srt.Pipeline("g")
+    p.copy(dst=h, src=d)
+    g = p.capture(s)
+    other = rt.create_stream()
+    rt.backend.stream_begin_capture(other.handle, srt.CaptureMode.RELAXED)
+    try:
+        with pytest.raises(srt.CaptureError, match="capturing"):
+            g.launch(other)
+    finally:
+        graph = rt.backend.stream_end_capture(other.handle)
+        if graph:
+            rt.backend.graph_destroy(graph)
+    g.launch(s).result(10)
+    g.close()
+
+
+def test_kernel_shared_memory_beyond_the_device_limit(rt, setup) -> None:
+    s, d, _h = setup
+    kernel = rt.kernels.get("fill_u32")
+    limit = rt.capabilities.max_shared_memory_per_block
+    assert limit > 0
+    with pytest.raises(ValueError, match="shared_mem"):
+        s.launch_kernel(kernel, 1, 32, [d, 16, 0xAB, 0], shared_mem=limit + 1)
+    with pytest.raises(ValueError, match="shared_mem"):
+        s.launch_kernel(kernel, 1, 32, [d, 16, 0xAB, 0], shared_mem=1 << 30)
+    p = srt.Pipeline("k")
+    with pytest.raises(ValueError, match="shared_mem"):
+        p.kernel(kernel, 1, 32, [d, 16, 0xAB, 0], shared_mem=1 << 30)
+    s.memset(d, 0x11)
+    s.synchronize()
