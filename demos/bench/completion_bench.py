@@ -5,7 +5,7 @@ A script, not a test (pytest does not collect it). Run it on each backend::
     python demos/bench/completion_bench.py --backend cuda [--rounds 3] [--out out.json]
 
 What it measures, side by side, interleaving variants and repeating rounds
-(DESIGN §9: single runs differ by 2x):
+(single runs differ by 2x on the H200):
 
 * ``await latency``: launch (a 4-byte memset) to a resumed coroutine, idle
   device, one at a time: streamrt ``await stream.wait_idle()`` as by default

@@ -2,7 +2,7 @@
 
 Three measurements, in one run:
 
-1. Training-step microbenchmark (DESIGN §9; the harness of ``train_step.py``): each step
+1. Training-step microbenchmark (the harness of ``train_step.py``): each step
    enqueues one prepare, then 8 bf16 4096² matmuls (torch) on the same stream. Variants,
    interleaved within each round (the order rotates), medians over rounds of the added GPU
    time per step against ``none``:

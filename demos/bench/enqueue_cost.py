@@ -1,6 +1,6 @@
 """Host enqueue cost of the seed's 4-node prepare pipeline (issue 5): eager and graph launch.
 
-The pipeline is DESIGN §8's: memset(dq_acc) ∥ [D2H seqstart_q → D2H seqstart_k
+The pipeline is the seed's (docs/pipelines.md): memset(dq_acc) ∥ [D2H seqstart_q → D2H seqstart_k
 → host pack → H2D metadata]. Per call, the wall time of the call that
 enqueues it, measured two ways:
 

@@ -1,4 +1,4 @@
-"""Training-step microbenchmark (DESIGN §9, issue 5): what one workspace prepare per step costs the step.
+"""Training-step microbenchmark (issue 5): what one workspace prepare per step costs the step.
 
 Each step enqueues one FMHA-backward workspace prepare and then 8 bf16 4096²
 matmuls (torch, on the same stream: streamrt wraps torch's stream). Variants:
@@ -8,7 +8,7 @@ matmuls (torch, on the same stream: streamrt wraps torch's stream). Variants:
     stream      streamrt, the whole pipeline on the step's stream (host pack in stream order)
     fork        streamrt "fork": the D2H -> pack -> H2D chain on a pooled side stream joined
                 by an event; seqstart is static here, so the side stream does not wait for
-                the step's stream (wait_for=None) and runs ahead, as in DESIGN §9's "side stream"
+                the step's stream (wait_for=None) and runs ahead
     fork_gated  "fork" with the default wait_for="stream": the chain starts only when the
                 step's stream reaches the prepare, and the join right after it waits for it
     graph       the pipeline captured once, replayed on the step's stream
@@ -21,7 +21,7 @@ matmuls (torch, on the same stream: streamrt wraps torch's stream). Variants:
                 two D2H, the C pack as a host function, H2D), or the backend's launch of
                 the captured graph, with no Run, keepalive or ordering of relaunches
 
-Measured the way DESIGN §9 asks: the variants are interleaved within each
+Measured so that machine drift cancels: the variants are interleaved within each
 round (the order rotates), ``--rounds`` rounds of ``--steps`` steps, medians
 over rounds. Per variant:
 
