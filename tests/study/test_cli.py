@@ -11,12 +11,12 @@ import pytest
 from study_helpers import check_chrome_trace, png_size
 
 import streamrt as srt
-from streamrt import _doctor
+from streamrt._cli import doctor as _doctor
 from streamrt._backends.sim import SimProfile
-from streamrt._calibrate import calibrate
+from streamrt._cli.calibrate import calibrate
 from streamrt._cli import main
 from streamrt._errors import BackendUnavailableError
-from streamrt._progress import Progress
+from streamrt._cli.progress import Progress
 from streamrt.recipes.fmha_bwd import native_pack_available
 
 
@@ -105,7 +105,7 @@ def test_doctor_says_when_the_allocators_hot_path_is_not_built(monkeypatch: pyte
 
 
 def test_demo_skips_the_native_strategies_without_the_c_pack(monkeypatch: pytest.MonkeyPatch) -> None:
-    from streamrt import _demo
+    from streamrt._cli import demo as _demo
     from streamrt.recipes.fmha_bwd import native
 
     monkeypatch.setattr(native, "native_pack_unavailable_reason", lambda: "_pack_c was not built (test)")

@@ -25,14 +25,14 @@ import time
 from pathlib import Path
 from typing import IO, Any, Sequence
 
-from ._progress import Progress
+from .progress import Progress
 
 __all__ = ["default_suite", "markdown_report", "run_bench"]
 
 
 def default_suite() -> Path | None:
     """The repository's ``demos/bench`` next to the installed package (editable installs), if present."""
-    here = Path(__file__).resolve().parent.parent / "demos" / "bench"
+    here = Path(__file__).resolve().parents[2] / "demos" / "bench"
     return here if here.is_dir() else None
 
 
@@ -127,7 +127,7 @@ def run_bench(
     out: IO[str] | None = None,
 ) -> int:
     """Run the suite; write ``bench.json``/``bench.md`` into ``out_dir``. Returns the exit status."""
-    from . import __version__
+    from .. import __version__
 
     out = out or sys.stdout
     suite_dir = Path(suite) if suite else default_suite()
@@ -136,7 +136,7 @@ def run_bench(
         return 2
     scripts = _scripts(suite_dir, only)
     os.makedirs(out_dir, exist_ok=True)
-    from ._backends import select_auto
+    from .._backends import select_auto
 
     resolved = select_auto() if backend == "auto" else backend
     report: dict[str, Any] = {

@@ -62,10 +62,10 @@ import time
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Sequence
 
-from ._backends.protocol import MemcpyKind
-from ._native import SEM_POST_ADDRESS, SEM_WAIT_ADDRESS, Semaphore
-from ._progress import Progress
-from ._runtime import Runtime, open_runtime
+from .._backends.protocol import MemcpyKind
+from .._native import SEM_POST_ADDRESS, SEM_WAIT_ADDRESS, Semaphore
+from .progress import Progress
+from .._runtime import Runtime, open_runtime
 
 __all__ = ["Calibration", "calibrate", "run_calibrate"]
 
@@ -82,7 +82,7 @@ class Calibration:
     notes: tuple[str, ...]
 
     def table(self) -> str:
-        from ._backends.sim import SimProfile
+        from .._backends.sim import SimProfile
 
         default = SimProfile()
         rows = [("field", "default", "calibrated", "how")]
@@ -219,7 +219,7 @@ def _fit(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
 
 def calibrate(rt: Runtime, *, repeats: int = 7, quick: bool = False, progress: Progress | None = None) -> Calibration:
     """Measure the cost-model constants on ``rt``'s device; see the module docstring."""
-    from ._backends.sim import SimProfile
+    from .._backends.sim import SimProfile
 
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")

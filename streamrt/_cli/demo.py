@@ -41,9 +41,9 @@ from typing import IO, Any, Callable, Sequence
 
 import numpy as np
 
-from ._progress import Progress
-from ._runtime import Runtime, open_runtime
-from ._trace import Trace, start_trace, stop_trace
+from .progress import Progress
+from .._runtime import Runtime, open_runtime
+from .._trace import Trace, start_trace, stop_trace
 
 __all__ = ["DemoResult", "StrategyResult", "discover_strategies", "run_demo", "run_workload"]
 
@@ -134,11 +134,11 @@ def discover_strategies(rt: Runtime | None = None) -> list[StrategyInfo]:
     ``prepare_workspace``).
     """
     try:
-        from .recipes.fmha_bwd import pipeline as recipe
+        from ..recipes.fmha_bwd import pipeline as recipe
     except ImportError as exc:
         return [StrategyInfo(n, False, f"the workspace recipe is not available ({exc})") for n in WANTED]
     offered = tuple(getattr(recipe, "STRATEGIES", ()))
-    from .recipes.fmha_bwd.native import native_pack_unavailable_reason
+    from ..recipes.fmha_bwd.native import native_pack_unavailable_reason
 
     no_native = native_pack_unavailable_reason()
     out = []
@@ -177,8 +177,8 @@ class _Workload:
     """Buffers, the prepare and the per-step enqueue of one runtime."""
 
     def __init__(self, rt: Runtime, stream: Any, *, compute_ops: int, compute_bytes: int, compute_us: float, seed: int = 0) -> None:
-        from .recipes.fmha_bwd import WorkspaceParams, native_pack_available, reference_metadata
-        from .recipes.fmha_bwd.pipeline import WorkspacePrepare
+        from ..recipes.fmha_bwd import WorkspaceParams, native_pack_available, reference_metadata
+        from ..recipes.fmha_bwd.pipeline import WorkspacePrepare
 
         self.rt = rt
         self.stream = stream
@@ -256,7 +256,7 @@ class _Workload:
         elif strategy == "graph":
             prep.replay(s)
         elif strategy != BASELINE:
-            from .recipes.fmha_bwd.pipeline import prepare_workspace
+            from ..recipes.fmha_bwd.pipeline import prepare_workspace
 
             prepare_workspace(self.rt, s, self.params, self.seq_q, self.seq_k, self.workspace, strategy=strategy)
         self.compute()
@@ -449,7 +449,7 @@ def run_demo(
         file=out,
     )
     trace_path = os.path.join(out_dir, "trace.json")
-    from ._trace_export import save_chrome, save_timeline
+    from .._trace_export import save_chrome, save_timeline
 
     save_chrome(traces, trace_path)
     timeline_path: str | None = os.path.join(out_dir, "timeline.png")

@@ -22,7 +22,7 @@ import sys
 import traceback
 from typing import IO, Sequence
 
-from ._trace import study_session
+from .._trace import study_session
 
 __all__ = ["run_study"]
 
@@ -61,7 +61,7 @@ def run_study(script: str, args: Sequence[str] = (), *, out_dir: str = ".", plot
     for t in traces:
         print(t.report(), file=out)
         print("", file=out)
-    from ._trace_export import save_chrome, save_timeline
+    from .._trace_export import save_chrome, save_timeline
 
     trace_path = os.path.join(out_dir, "trace.json")
     save_chrome(traces, trace_path)

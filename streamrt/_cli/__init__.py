@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     args = build_parser().parse_args(argv)
     if args.command == "demo":
-        from ._demo import run_demo
+        from .demo import run_demo
 
         return run_demo(
             args.backend,
@@ -88,23 +88,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             compute_us=args.compute_us,
         )
     if args.command == "study":
-        from ._study import run_study
+        from .study import run_study
 
         return run_study(args.script, args.args, out_dir=args.out_dir, plot=not args.no_plot)
     if args.command == "doctor":
-        from ._doctor import run_doctor
+        from .doctor import run_doctor
 
         return run_doctor(as_json=args.json)
     if args.command == "bench":
-        from ._bench import run_bench
+        from .bench import run_bench
 
         return run_bench(args.backend, out_dir=args.out_dir, suite=args.suite, only=args.only, timeout=args.timeout)
     if args.command == "calibrate":
-        from ._calibrate import run_calibrate
+        from .calibrate import run_calibrate
 
         return run_calibrate(args.backend, device=args.device, out=args.out, repeats=args.repeats, quick=args.quick)
     if args.command == "fidelity":
-        from ._fidelity import run_fidelity
+        from .fidelity import run_fidelity
 
         return run_fidelity(args.gpu, args.sim, tolerance=args.tolerance)
     return 2  # pragma: no cover - argparse rejects unknown commands

@@ -23,8 +23,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ._backends import BACKEND_NAMES, load_backend, probe_backend, select_auto
-from ._errors import BackendUnavailableError
+from .._backends import BACKEND_NAMES, load_backend, probe_backend, select_auto
+from .._errors import BackendUnavailableError
 
 __all__ = ["BackendStatus", "DeviceInfo", "DoctorReport", "LibraryStatus", "diagnose"]
 
@@ -210,7 +210,7 @@ def _library_status(dist: str, module: str, used_for: str, how: str) -> LibraryS
 
 def diagnose(*, backends: tuple[str, ...] = BACKEND_NAMES) -> DoctorReport:
     """Probe ``backends``, the GPU device files and tools, and the optional libraries."""
-    from . import __version__
+    from .. import __version__
 
     statuses = tuple(_backend_status(n) for n in backends)
     hardware: list[tuple[str, bool, str]] = [(what, os.path.exists(path), meaning) for what, path, meaning in _HARDWARE_HINTS]
@@ -234,7 +234,7 @@ def diagnose(*, backends: tuple[str, ...] = BACKEND_NAMES) -> DoctorReport:
             "the caching allocators run their hot path in Python (allocators._fastpath_c was not built): "
             "allocate + release round trips take 2.5-3x longer (docs/performance.md, runs 59 and 62); reinstall streamrt with a C compiler present"
         )
-    from .recipes.fmha_bwd.native import native_pack_unavailable_reason
+    from ..recipes.fmha_bwd.native import native_pack_unavailable_reason
 
     pack_reason = native_pack_unavailable_reason()
     if pack_reason is not None:
