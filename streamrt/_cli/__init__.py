@@ -1,75 +1,95 @@
 """The ``streamrt`` command (``python -m streamrt``): demo, study, doctor, bench, calibrate, fidelity.
 
-Each subcommand is a thin layer over a function of its own module (``_demo``,
-``_study``, ``_doctor``, ``_bench``, ``_calibrate``, ``_fidelity``), imported only when the
-subcommand runs, so ``streamrt doctor`` works even where a backend library is
-broken. :func:`main` returns the exit status instead of exiting, so tests call
-it in-process.
+One module per command (:mod:`.demo`, :mod:`.study`, :mod:`.doctor`,
+:mod:`.bench`, :mod:`.calibrate`, :mod:`.fidelity`), imported only when its
+command runs, so ``streamrt doctor`` works even where a backend library is
+broken; :mod:`.parser` holds the options, :mod:`.inputs` the checks of files
+and folders, :mod:`.progress` the progress bar. :func:`main` returns the exit
+status instead of exiting, so tests call it in-process.
+
+Exit status:
+
+* 0: the command did what was asked (and its check passed).
+* 1: the command ran and its check failed (``demo``: a strategy computed
+  wrong metadata; ``bench``: a benchmark failed; ``fidelity``: the goal is
+  not met; ``doctor``: no backend is usable; ``study``: the script failed);
+  or the system refused an operation on the way (a full disk):
+  ``streamrt <command>: error: <message>``; or streamrt hit an internal
+  error, which prints one line,
+  ``streamrt <command>: internal error: <type>: <message> (a bug in streamrt; run with --debug for the traceback)``.
+* 2: a mistake in the command line or its inputs (an option's value, a file
+  that is missing or not what it should be, a folder that cannot be made, a
+  backend that is not available here): one line,
+  ``streamrt <command>: error: <message>``, and no traceback.
+* 130: interrupted (Ctrl-C).
+
+``--debug`` (before or after the command) prints the traceback as well.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 from typing import Sequence
 
-__all__ = ["build_parser", "main"]
+from .._errors import BackendUnavailableError
+from .inputs import CommandError
+from .parser import build_parser
 
+__all__ = ["CommandError", "build_parser", "main"]
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="streamrt",
-        description="streamrt: stream scheduling for HIP/CUDA GPUs and a simulator; study tools",
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="command")
-
-    demo = sub.add_parser("demo", help="run the seed workload in every strategy, compare, write trace.json and timeline.png")
-    demo.add_argument("--backend", default="auto", help="auto (default), cuda, hip or sim")
-    demo.add_argument("--out-dir", default=".", help="where trace.json and timeline.png go (default: the current directory)")
-    demo.add_argument("--steps", type=int, default=None, help="measured steps per strategy and round (default: 3 on sim, 30 on a GPU)")
-    demo.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default: 1 on sim, 3 on a GPU)")
-    demo.add_argument("--warmup", type=int, default=None, help="warm-up steps per strategy")
-    demo.add_argument("--trace-steps", type=int, default=2, help="steps in each strategy's traced run (default 2)")
-    demo.add_argument("--profile", default=None, help="a SimProfile JSON (from `streamrt calibrate`): runs the simulator with it")
-    demo.add_argument("--json", dest="json_path", default=None, help="also write the results as JSON to this file")
-    demo.add_argument("--no-plot", action="store_true", help="do not draw timeline.png")
-    demo.add_argument("--compute-ops", type=int, default=8, help="compute ops per step (the stand-in for the step's matmuls; default 8)")
-    demo.add_argument("--compute-us", type=float, default=200.0, help="device time of each compute op, a spin kernel (default 200; 0: memsets)")
-    demo.add_argument("--compute-mib", type=int, default=48, help="MiB each compute op sets when memsets stand in (no kernel compiler, or --compute-us 0)")
-
-    study = sub.add_parser("study", help="run a Python script with tracing on; write trace.json, timeline.png and a report")
-    study.add_argument("script", help="the script to run (as __main__)")
-    study.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
-    study.add_argument("--out-dir", default=".", help="where trace.json and timeline.png go")
-    study.add_argument("--no-plot", action="store_true", help="do not draw timeline.png")
-
-    doctor = sub.add_parser("doctor", help="which backends, GPUs and libraries are present, and how to get the missing ones")
-    doctor.add_argument("--json", action="store_true", help="machine-readable output")
-
-    bench = sub.add_parser("bench", help="run the benchmark suite (demos/bench); write bench.json and bench.md")
-    bench.add_argument("--backend", default="auto", help="auto (default), cuda, hip or sim")
-    bench.add_argument("--out-dir", default="bench-results", help="where the JSON and markdown go (default: bench-results)")
-    bench.add_argument("--suite", default=None, help="directory of benchmark scripts (default: the repository's demos/bench)")
-    bench.add_argument("--only", action="append", default=None, help="run only this benchmark (script name without .py); repeatable")
-    bench.add_argument("--timeout", type=float, default=600.0, help="seconds per benchmark before it is stopped (default 600)")
-
-    cal = sub.add_parser("calibrate", help="measure the cost-model constants of this GPU into a SimProfile JSON")
-    cal.add_argument("--backend", default="auto", help="auto (default), cuda or hip; sim checks the procedure against the simulator")
-    cal.add_argument("--device", type=int, default=0)
-    cal.add_argument("--out", default=None, help="profile file to write (default: sim-profile-<device>.json)")
-    cal.add_argument("--repeats", type=int, default=7, help="samples per figure, in interleaved rounds; medians are kept (default 7)")
-    cal.add_argument("--quick", action="store_true", help="small sizes and fewer repetitions (a rough profile in seconds)")
-
-    fid = sub.add_parser("fidelity", help="compare a GPU's `demo --json` with the simulator's, per strategy (±tolerance, ranking)")
-    fid.add_argument("gpu", help="`streamrt demo --json` result measured on the GPU")
-    fid.add_argument("sim", help="`streamrt demo --json` result of the simulator with that GPU's calibrated profile")
-    fid.add_argument("--tolerance", type=float, default=0.25, help="allowed relative error of the added time (default 0.25)")
-    return parser
+# What a user can get wrong (exit status 2). A backend that is missing here is the user's
+# choice of backend (or of machine), not a bug; its message says what to install.
+_USER_ERRORS = (CommandError, BackendUnavailableError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, --version and usage errors: argparse has printed them
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    prog = f"streamrt {args.command}"
+    try:
+        status = _dispatch(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
+        return status
+    except KeyboardInterrupt:
+        print(f"\n{prog}: interrupted", file=sys.stderr)
+        return 130
+    except _USER_ERRORS as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # the reader of the output went away (`streamrt doctor | head -3`)
+        _discard_stdout()
+        return 1
+    except OSError as exc:  # the system refused an operation on the way (a full disk, a folder gone)
+        if args.debug:
+            traceback.print_exc()
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        if args.debug:
+            traceback.print_exc()
+        hint = "" if args.debug else " (a bug in streamrt; run with --debug for the traceback)"
+        print(f"{prog}: internal error: {type(exc).__name__}: {exc}{hint}", file=sys.stderr)
+        return 1
+
+
+def _discard_stdout() -> None:
+    """Point stdout at the null device, so that the interpreter's flush at exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is no file (an in-process caller's stream)
+        pass
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "demo":
         from .demo import run_demo
 
@@ -107,8 +127,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .fidelity import run_fidelity
 
         return run_fidelity(args.gpu, args.sim, tolerance=args.tolerance)
-    return 2  # pragma: no cover - argparse rejects unknown commands
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    raise AssertionError(f"no handler for the command {args.command!r}")  # the parser offers only the commands above

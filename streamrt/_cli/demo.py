@@ -1,7 +1,7 @@
 """``streamrt demo``: the seed workload in every strategy, compared, traced and drawn.
 
-The workload is a training step in miniature (DESIGN §9's microbenchmark):
-each step prepares the group-mode FMHA backward workspace (DESIGN §8) with one
+The workload is a training step in miniature: each step prepares the
+group-mode FMHA backward workspace (:mod:`streamrt.recipes.fmha_bwd`) with one
 strategy, runs a block of "compute" on the same stream (a stand-in for the
 step's matmuls: spin kernels of a set device time, or memsets where no kernel
 can be built), then a consumer that reads the workspace. The compute keeps the
@@ -41,9 +41,10 @@ from typing import IO, Any, Callable, Sequence
 
 import numpy as np
 
-from .progress import Progress
-from .._runtime import Runtime, open_runtime
+from .._runtime import Runtime
 from .._trace import Trace, start_trace, stop_trace
+from .inputs import CommandError, load_profile, open_runtime_for, output_dir, output_file
+from .progress import Progress
 
 __all__ = ["DemoResult", "StrategyResult", "discover_strategies", "run_demo", "run_workload"]
 
@@ -396,18 +397,24 @@ def run_demo(
     compute_us: float = 200.0,
     out: IO[str] | None = None,
 ) -> int:
-    """Run the demo and print the comparison; returns the exit status (0 ok, 1 a strategy computed wrong metadata)."""
+    """Run the demo and print the comparison; returns the exit status (0 ok, 1 a strategy computed wrong metadata).
+
+    The counts are at least 1 (``warmup`` at least 0, ``compute_us`` not negative): the
+    parser's option types see to that. Raises :class:`~.inputs.CommandError` before
+    anything runs for a ``profile`` that is not a simulator profile or goes with a GPU
+    backend, and for an ``out_dir`` or ``json_path`` that cannot be written.
+    """
     out = out or sys.stdout
-    if compute_ops < 1 or compute_bytes < 1 or compute_us < 0:
-        raise ValueError("the demo needs at least one compute op of at least one byte, and compute_us >= 0")
     options: dict[str, Any] = {}
     if profile is not None:
         if backend not in ("sim", "auto"):
-            raise ValueError("--profile configures the simulator: use it with --backend sim")
+            raise CommandError(f"--profile configures the simulator: use it with --backend sim, not {backend}")
         backend = "sim"
-        options["profile"] = profile
-    os.makedirs(out_dir, exist_ok=True)
-    with open_runtime(backend, **options) as rt:
+        options["profile"] = load_profile(profile)
+    with open_runtime_for(backend, **options) as rt:
+        output_dir(out_dir)
+        if json_path:
+            output_file(json_path, "--json")
         caps = rt.capabilities
         simulated = caps.virtual_clock
         steps = steps if steps is not None else (3 if simulated else 30)
