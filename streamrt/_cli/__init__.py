@@ -51,33 +51,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help, --version and usage errors: argparse has printed them
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    prog = f"streamrt {args.command}"
     try:
         status = _dispatch(args)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
         return status
     except KeyboardInterrupt:
-        print(f"\n{prog}: interrupted", file=sys.stderr)
-        return 130
+        return _failed(args, "interrupted", 130)
     except _USER_ERRORS as exc:
-        if args.debug:
-            traceback.print_exc()
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
+        return _failed(args, f"error: {exc}", 2)
     except BrokenPipeError:  # the reader of the output went away (`streamrt doctor | head -3`)
         _discard_stdout()
         return 1
     except OSError as exc:  # the system refused an operation on the way (a full disk, a folder gone)
-        if args.debug:
-            traceback.print_exc()
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 1
+        return _failed(args, f"error: {exc}", 1)
     except Exception as exc:
-        if args.debug:
-            traceback.print_exc()
         hint = "" if args.debug else " (a bug in streamrt; run with --debug for the traceback)"
-        print(f"{prog}: internal error: {type(exc).__name__}: {exc}{hint}", file=sys.stderr)
-        return 1
+        return _failed(args, f"internal error: {type(exc).__name__}: {exc}{hint}", 1)
+
+
+def _failed(args: argparse.Namespace, line: str, status: int) -> int:
+    """Print ``streamrt <command>: <line>`` to stderr (under the traceback with ``--debug``); return ``status``."""
+    if args.debug:
+        traceback.print_exc()
+    print(f"streamrt {args.command}: {line}", file=sys.stderr)
+    return status
 
 
 def _discard_stdout() -> None:

@@ -48,11 +48,12 @@ def default_suite() -> Path | None:
 def _scripts(suite: Path, only: Sequence[str] | None) -> list[Path]:
     scripts = sorted(p for p in suite.glob("*.py") if not p.name.startswith("_"))
     if only:
-        unknown = sorted(set(only) - {p.stem for p in scripts})
+        wanted = set(only)
+        unknown = sorted(wanted - {p.stem for p in scripts})
         if unknown:
             have = ", ".join(p.stem for p in scripts) or "none"
             raise CommandError(f"--only: no benchmark named {', '.join(map(repr, unknown))} in {suite} (have: {have})")
-        scripts = [p for p in scripts if p.stem in set(only)]
+        scripts = [p for p in scripts if p.stem in wanted]
     return scripts
 
 

@@ -116,6 +116,10 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.strip() == f"streamrt {streamrt.__version__}"
     proc = run_cli(["--version"])
     assert proc.returncode == 0 and proc.stdout.strip() == f"streamrt {streamrt.__version__}", proc.stderr
+    script = Path(sys.executable).parent / "streamrt"  # the console script, where pip installed streamrt
+    if script.exists():
+        proc = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=120, check=False)
+        assert proc.returncode == 0 and proc.stdout.strip() == f"streamrt {streamrt.__version__}", proc.stderr
 
 
 @pytest.mark.parametrize("backend", ["cuda", "hip"])
