@@ -40,7 +40,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import torch
+try:
+    import torch
+except ImportError:  # `streamrt bench` reads exit status 77 as "skipped", the last stderr line as why
+    print("needs torch: pip install 'streamrt[torch]'", file=sys.stderr)
+    sys.exit(77)
 from train_loop_bench import SIZES, config, demo
 
 import streamrt as srt
@@ -96,17 +100,19 @@ class Timers:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", default="s", choices=sorted(SIZES))
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="torch's device (cpu: the simulator runs (b))")
+    ap.add_argument("--size", default=None, choices=sorted(SIZES), help="model size (default s; xs on cpu)")
+    ap.add_argument("--steps", type=int, default=None, help="steps per run (default 60; 5 on cpu)")
+    ap.add_argument("--device", default=None, choices=("cuda", "cpu"), help="torch's device (default: cpu with --backend sim, else cuda; cpu: the simulator runs (b))")
     ap.add_argument("--backend", default=None, help="streamrt backend of (b) (default: auto on cuda, sim on cpu)")
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="also print each variant's top N functions (cProfile)")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
-    on_gpu = args.device == "cuda"
+    on_gpu = (args.device or ("cpu" if args.backend == "sim" else "cuda")) == "cuda"
     if on_gpu and not torch.cuda.is_available():
-        print("needs torch with CUDA (or --device cpu)", file=sys.stderr)
-        return 2
+        print(f"torch {torch.__version__} has no CUDA device here; --device cpu (or --backend sim) times the pieces on the simulator", file=sys.stderr)
+        return 77
+    args.size = args.size or ("s" if on_gpu else "xs")
+    args.steps = args.steps if args.steps is not None else (60 if on_gpu else 5)
     device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
     backend = args.backend or ("auto" if on_gpu else "sim")
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)

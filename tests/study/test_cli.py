@@ -1,8 +1,7 @@
-"""The ``streamrt`` command, run in-process: demo, study, doctor, bench, calibrate, and the progress bar."""
+"""The ``streamrt`` command, run in-process: demo, study, doctor, bench, calibrate (errors and the progress bar: tests/cli)."""
 
 from __future__ import annotations
 
-import io
 import json
 import textwrap
 from pathlib import Path
@@ -11,12 +10,11 @@ import pytest
 from study_helpers import check_chrome_trace, png_size
 
 import streamrt as srt
-from streamrt import _doctor
 from streamrt._backends.sim import SimProfile
-from streamrt._calibrate import calibrate
+from streamrt._cli import doctor as _doctor
 from streamrt._cli import main
+from streamrt._cli.calibrate import calibrate
 from streamrt._errors import BackendUnavailableError
-from streamrt._progress import Progress
 from streamrt.recipes.fmha_bwd import native_pack_available
 
 
@@ -34,7 +32,7 @@ def test_demo_runs_end_to_end_on_sim(tmp_path: Path, capsys: pytest.CaptureFixtu
     res = json.loads((tmp_path / "demo.json").read_text())
     rows = {r["name"]: r for r in res["results"]}
     assert all(r["correct"] for r in rows.values())
-    # what the strategies are known for (DESIGN §9): sync blocks the host; a host function on the
+    # what the strategies are known for: sync blocks the host; a host function on the
     # stream costs it GPU time; the side stream hides the round trip
     assert rows["sync"]["host_blocked_us"] > 50 and rows["stream"]["host_blocked_us"] == 0
     assert rows["stream"]["added_us"] > rows["fork"]["added_us"] + 40
@@ -101,11 +99,11 @@ def test_doctor_says_when_the_allocators_hot_path_is_not_built(monkeypatch: pyte
 
     monkeypatch.setattr(_fastpath, "NATIVE", native)
     text = str(_doctor.diagnose(backends=("sim",)))
-    assert ("allocators._fastpath_c was not built" in text) is not native
+    assert ("the caching allocators run their hot path in Python" in text) is not native
 
 
 def test_demo_skips_the_native_strategies_without_the_c_pack(monkeypatch: pytest.MonkeyPatch) -> None:
-    from streamrt import _demo
+    from streamrt._cli import demo as _demo
     from streamrt.recipes.fmha_bwd import native
 
     monkeypatch.setattr(native, "native_pack_unavailable_reason", lambda: "_pack_c was not built (test)")
@@ -215,23 +213,6 @@ def test_bench_runs_the_suite_and_writes_json_and_markdown(tmp_path: Path, capsy
     assert "## good" in md and "| results.memset | 1.500 | 2.000 |" in md
     capsys.readouterr()
     assert main(["bench", "--backend", "sim", "--suite", str(suite), "--out-dir", str(out_dir), "--only", "good"]) == 0
-    with pytest.raises(ValueError, match="no benchmark named"):
-        main(["bench", "--suite", str(suite), "--out-dir", str(out_dir), "--only", "missing"])
-
-
-def test_progress_bar_draws_on_terminals_only() -> None:
-    class Tty(io.StringIO):
-        def isatty(self) -> bool:
-            return True
-
-    tty = Tty()
-    with Progress(4, "demo", stream=tty) as bar:
-        for _ in range(4):
-            bar.advance(note="x")
-    text = tty.getvalue()
-    assert text.endswith("\n") and "demo [############################] 4/4 x" in text
-    pipe = io.StringIO()
-    with Progress(4, "demo", stream=pipe) as bar:
-        bar.advance(4)
-    assert pipe.getvalue() == ""
-    assert Progress(2, "p", enabled=False).render() == "p [----------------------------] 0/2"
+    capsys.readouterr()
+    assert main(["bench", "--suite", str(suite), "--out-dir", str(out_dir), "--only", "missing"]) == 2
+    assert "streamrt bench: error: --only: no benchmark named 'missing'" in capsys.readouterr().err

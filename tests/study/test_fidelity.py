@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from streamrt._cli import main
-from streamrt._fidelity import compare_demos
+from streamrt._cli.fidelity import compare_demos
 
 
 def _demo(clock: str, added: dict[str, float], step: float = 1000.0) -> dict[str, Any]:

@@ -2,14 +2,20 @@
 
 The suite is a directory of scripts (default: the repository's ``demos/bench``).
 Each script is run in its own Python process as
-``python SCRIPT --backend BACKEND --out RESULT.json`` and must write its results
-there as a JSON object; a script that fails, times out or writes no JSON is
-recorded as failed, with the tail of its output. A progress bar shows which
-script runs.
+``python SCRIPT --backend BACKEND --out RESULT.json``, where ``BACKEND`` is the
+one ``--backend auto`` resolves to here (the simulator on a machine without a
+GPU), and must write its results there as a JSON object. A script that cannot
+run on this machine (it needs a library or a device that is not here) exits
+with status 77 (:data:`SKIP_STATUS`, the "skipped" of automake and meson) and
+writes why as its last line on stderr: it is recorded as skipped, with that
+reason. A script that fails otherwise, times out or writes no JSON is recorded
+as failed, with the tail of its output. A progress bar shows which script runs.
 
 ``bench.json`` holds every result with the machine description; ``bench.md``
 renders each script's JSON as a markdown table (rows from nested objects,
-columns from their keys). Exit status: 0 when every script succeeded, 1 otherwise.
+columns from their keys). Exit status: 0 when no script failed (skipped ones
+do not count), 1 otherwise; 2 for bad input (an unknown ``--only`` name, a
+missing suite, a backend that is not available here), before any script runs.
 
 Blocking: runs the scripts one after another.
 """
@@ -17,7 +23,6 @@ Blocking: runs the scripts one after another.
 from __future__ import annotations
 
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -25,14 +30,18 @@ import time
 from pathlib import Path
 from typing import IO, Any, Sequence
 
-from ._progress import Progress
+from .inputs import CommandError, output_dir
+from .progress import Progress
 
-__all__ = ["default_suite", "markdown_report", "run_bench"]
+__all__ = ["SKIP_STATUS", "default_suite", "markdown_report", "run_bench"]
+
+#: The exit status of a benchmark that cannot run here; its last line on stderr says why.
+SKIP_STATUS = 77
 
 
 def default_suite() -> Path | None:
     """The repository's ``demos/bench`` next to the installed package (editable installs), if present."""
-    here = Path(__file__).resolve().parent.parent / "demos" / "bench"
+    here = Path(__file__).resolve().parents[2] / "demos" / "bench"
     return here if here.is_dir() else None
 
 
@@ -40,11 +49,16 @@ def _scripts(suite: Path, only: Sequence[str] | None) -> list[Path]:
     scripts = sorted(p for p in suite.glob("*.py") if not p.name.startswith("_"))
     if only:
         wanted = set(only)
-        unknown = wanted - {p.stem for p in scripts}
+        unknown = sorted(wanted - {p.stem for p in scripts})
         if unknown:
-            raise ValueError(f"no benchmark named {sorted(unknown)} in {suite} (have: {', '.join(p.stem for p in scripts)})")
+            have = ", ".join(p.stem for p in scripts) or "none"
+            raise CommandError(f"--only: no benchmark named {', '.join(map(repr, unknown))} in {suite} (have: {have})")
         scripts = [p for p in scripts if p.stem in wanted]
     return scripts
+
+
+def _text(output: str | bytes | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else (output or "")
 
 
 def _run_one(script: Path, backend: str, out_json: Path, timeout: float) -> dict[str, Any]:
@@ -53,10 +67,13 @@ def _run_one(script: Path, backend: str, out_json: Path, timeout: float) -> dict
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
-        tail = (exc.stdout or "") if isinstance(exc.stdout, str) else ""
+        tail = _text(exc.stdout) + _text(exc.stderr)
         return {"status": "timeout", "seconds": round(time.perf_counter() - t0, 3), "output": tail[-2000:]}
     seconds = round(time.perf_counter() - t0, 3)
     output = (proc.stdout + proc.stderr)[-2000:]
+    if proc.returncode == SKIP_STATUS:
+        lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
+        return {"status": "skipped", "seconds": seconds, "reason": lines[-1] if lines else "(the script gave no reason)"}
     if proc.returncode != 0:
         return {"status": "failed", "returncode": proc.returncode, "seconds": seconds, "output": output}
     try:
@@ -65,6 +82,18 @@ def _run_one(script: Path, backend: str, out_json: Path, timeout: float) -> dict
     except (OSError, ValueError) as exc:
         return {"status": "failed", "seconds": seconds, "output": output, "error": f"no JSON result: {exc}"}
     return {"status": "ok", "seconds": seconds, "result": data}
+
+
+def _backend(backend: str) -> str:
+    """``backend`` resolved (``auto``: the best one here); ``CommandError`` when it is not available here."""
+    from .._backends import probe_backend, select_auto
+
+    if backend == "auto":
+        return select_auto()
+    reason = probe_backend(backend)
+    if reason is not None:
+        raise CommandError(f"backend {backend!r} is not available: {reason}")
+    return backend
 
 
 def _rows(obj: Any, prefix: str = "") -> list[tuple[str, dict[str, Any]]]:
@@ -97,6 +126,9 @@ def markdown_report(report: dict[str, Any]) -> str:
     ]
     for name, entry in report["benchmarks"].items():
         lines += [f"## {name}", "", f"status: {entry['status']}, {entry['seconds']} s", ""]
+        if entry["status"] == "skipped":
+            lines += [f"skipped: {entry['reason']}", ""]
+            continue
         if entry["status"] != "ok":
             lines += ["```", entry.get("output", "").strip()[-1500:], "```", ""]
             continue
@@ -126,19 +158,23 @@ def run_bench(
     timeout: float = 600.0,
     out: IO[str] | None = None,
 ) -> int:
-    """Run the suite; write ``bench.json``/``bench.md`` into ``out_dir``. Returns the exit status."""
-    from . import __version__
+    """Run the suite; write ``bench.json``/``bench.md`` into ``out_dir``. Returns the exit status.
+
+    Raises :class:`~.inputs.CommandError` before any script runs for a suite that is not
+    a folder, an ``only`` name that is not in it, a backend that is not available here,
+    or an ``out_dir`` that cannot be made.
+    """
+    from .. import __version__
 
     out = out or sys.stdout
     suite_dir = Path(suite) if suite else default_suite()
-    if suite_dir is None or not suite_dir.is_dir():
-        print("streamrt bench: no benchmark suite found (pass --suite DIR; the repository keeps it in demos/bench)", file=out)
-        return 2
+    if suite_dir is None:
+        raise CommandError("no benchmark suite found: pass --suite DIR (the repository keeps it in demos/bench)")
+    if not suite_dir.is_dir():
+        raise CommandError(f"--suite {str(suite_dir)!r} is not a folder")
     scripts = _scripts(suite_dir, only)
-    os.makedirs(out_dir, exist_ok=True)
-    from ._backends import select_auto
-
-    resolved = select_auto() if backend == "auto" else backend
+    resolved = _backend(backend)
+    output_dir(out_dir)
     report: dict[str, Any] = {
         "backend": resolved,
         "streamrt": __version__,
@@ -146,18 +182,21 @@ def run_bench(
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "benchmarks": {},
     }
-    failed = 0
+    counts = {"ok": 0, "skipped": 0, "failed": 0}
     with Progress(len(scripts), "bench", stream=sys.stderr) as bar:
         for script in scripts:
             bar.advance(0, note=script.stem)
             entry = _run_one(script, resolved, Path(out_dir) / f"{script.stem}.json", timeout)
             report["benchmarks"][script.stem] = entry
-            failed += entry["status"] != "ok"
-            bar.advance(1, note=f"{script.stem}: {entry['status']}")
-            print(f"{script.stem}: {entry['status']} ({entry['seconds']} s)", file=out)
+            status = entry["status"]
+            counts[status if status in counts else "failed"] += 1
+            bar.advance(1, note=f"{script.stem}: {status}")
+            why = f": {entry['reason']}" if status == "skipped" else ""
+            bar.echo(f"{script.stem}: {status} ({entry['seconds']} s){why}", file=out)
     with open(Path(out_dir) / "bench.json", "w", encoding="utf-8") as fh:
         json.dump(report, fh, indent=2)
     with open(Path(out_dir) / "bench.md", "w", encoding="utf-8") as fh:
         fh.write(markdown_report(report) + "\n")
+    print(f"{counts['ok']} ok, {counts['skipped']} skipped, {counts['failed']} failed on {resolved}", file=out)
     print(f"wrote {Path(out_dir) / 'bench.json'} and {Path(out_dir) / 'bench.md'}", file=out)
-    return 1 if failed else 0
+    return 1 if counts["failed"] else 0

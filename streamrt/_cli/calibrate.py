@@ -55,17 +55,17 @@ Blocking: runs device work for a few seconds. Thread rules: call from one thread
 from __future__ import annotations
 
 import dataclasses
-import os
 import statistics
 import sys
 import time
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Sequence
 
-from ._backends.protocol import MemcpyKind
-from ._native import SEM_POST_ADDRESS, SEM_WAIT_ADDRESS, Semaphore
-from ._progress import Progress
-from ._runtime import Runtime, open_runtime
+from .._backends.protocol import MemcpyKind
+from .._native import SEM_POST_ADDRESS, SEM_WAIT_ADDRESS, Semaphore
+from .._runtime import Runtime
+from .inputs import open_runtime_for, output_file
+from .progress import Progress
 
 __all__ = ["Calibration", "calibrate", "run_calibrate"]
 
@@ -82,7 +82,7 @@ class Calibration:
     notes: tuple[str, ...]
 
     def table(self) -> str:
-        from ._backends.sim import SimProfile
+        from .._backends.sim import SimProfile
 
         default = SimProfile()
         rows = [("field", "default", "calibrated", "how")]
@@ -219,7 +219,7 @@ def _fit(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
 
 def calibrate(rt: Runtime, *, repeats: int = 7, quick: bool = False, progress: Progress | None = None) -> Calibration:
     """Measure the cost-model constants on ``rt``'s device; see the module docstring."""
-    from ._backends.sim import SimProfile
+    from .._backends.sim import SimProfile
 
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
@@ -466,19 +466,22 @@ def run_calibrate(
     quick: bool = False,
     stream: IO[str] | None = None,
 ) -> int:
-    """Calibrate on ``backend``/``device``, print the table and write the profile JSON. Returns the exit status."""
+    """Calibrate on ``backend``/``device``, print the table and write the profile JSON. Returns the exit status.
+
+    Raises :class:`~.inputs.CommandError` before measuring when ``device`` does not exist
+    or the profile file cannot be written.
+    """
     stream = stream or sys.stdout
     if quick:
         repeats = min(repeats, 3)
-    with open_runtime(backend, device) as rt:
+    with open_runtime_for(backend, device) as rt:
         caps = rt.capabilities
+        path = output_file(out or f"sim-profile-{_slug(caps.device_name)}.json", "--out")
         if caps.is_simulated:
             print("calibrating the simulator itself: this checks the procedure (it should recover the profile in use)", file=stream)
         print(f"calibrating {rt.backend_name}:{device} {caps.device_name} ({caps.architecture})", file=stream)
         with Progress(1 + repeats, "calibrate", stream=sys.stderr) as bar:
             cal = calibrate(rt, repeats=repeats, quick=quick, progress=bar)
-    path = out or f"sim-profile-{_slug(caps.device_name)}.json"
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     cal.profile.to_json(path)
     print(cal.table(), file=stream)
     for n in cal.notes:

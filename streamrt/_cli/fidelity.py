@@ -22,9 +22,11 @@ Non-blocking, pure: reads two JSON files, prints a table.
 
 from __future__ import annotations
 
-import json
+import sys
 from dataclasses import dataclass
 from typing import IO, Any
+
+from .inputs import CommandError, read_json
 
 __all__ = ["FidelityReport", "FidelityRow", "compare_demos", "run_fidelity"]
 
@@ -98,11 +100,12 @@ class FidelityReport:
         return "\n".join(lines)
 
 
-def _strategies(result: dict[str, Any], what: str) -> dict[str, dict[str, Any]]:
+def _strategies(result: dict[str, Any], what: str) -> dict[str, dict[str, float]]:
+    """``{strategy: {"step_us": ..., "added_us": ...}}`` of a demo result."""
     try:
-        rows = {r["name"]: r for r in result["results"]}
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"the {what} file is not a `streamrt demo --json` result (no results list)") from exc
+        rows = {str(r["name"]): {k: float(r[k]) for k in ("step_us", "added_us")} for r in result["results"]}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"the {what} file is not a `streamrt demo --json` result (no results list of name, step_us, added_us)") from exc
     if BASELINE not in rows:
         raise ValueError(f"the {what} result has no {BASELINE!r} baseline row")
     return rows
@@ -117,6 +120,9 @@ def compare_demos(gpu: dict[str, Any], sim: dict[str, Any], *, tolerance: float 
     """
     if not tolerance > 0 or not floor_fraction >= 0:
         raise ValueError(f"tolerance must be positive and floor_fraction not negative, got {tolerance}, {floor_fraction}")
+    for what, result in (("GPU", gpu), ("simulator", sim)):
+        if not isinstance(result, dict):
+            raise ValueError(f"the {what} file is not a `streamrt demo --json` result (a JSON {type(result).__name__}, not an object)")
     if gpu.get("clock") == "virtual":
         raise ValueError("the GPU file comes from the simulator (virtual clock): pass a GPU run first")
     if sim.get("clock") != "virtual":
@@ -125,10 +131,10 @@ def compare_demos(gpu: dict[str, Any], sim: dict[str, Any], *, tolerance: float 
     names = [n for n in g if n in s and n != BASELINE]
     if not names:
         raise ValueError("the two results share no strategy besides the baseline")
-    floor = floor_fraction * float(g[BASELINE]["step_us"])
+    floor = floor_fraction * g[BASELINE]["step_us"]
     rows = []
     for n in names:
-        ga, sa = float(g[n]["added_us"]), float(s[n]["added_us"])
+        ga, sa = g[n]["added_us"], s[n]["added_us"]
         err = (sa - ga) / abs(ga) if abs(ga) >= floor and ga != 0 else None
         rows.append(FidelityRow(n, ga, sa, err, abs(sa - ga) <= tolerance * max(abs(ga), floor)))
     ga_of = {r.strategy: r.gpu_added_us for r in rows}
@@ -142,8 +148,8 @@ def compare_demos(gpu: dict[str, Any], sim: dict[str, Any], *, tolerance: float 
     return FidelityReport(
         rows=tuple(rows),
         misordered=misordered,
-        gpu_ranking=tuple(sorted(names, key=lambda n: float(g[n]["added_us"]))),
-        sim_ranking=tuple(sorted(names, key=lambda n: float(s[n]["added_us"]))),
+        gpu_ranking=tuple(sorted(names, key=lambda n: g[n]["added_us"])),
+        sim_ranking=tuple(sorted(names, key=lambda n: s[n]["added_us"])),
         tolerance=tolerance,
         floor_us=floor,
         gpu_device=f"{gpu.get('backend')}: {gpu.get('device_name')}",
@@ -152,14 +158,17 @@ def compare_demos(gpu: dict[str, Any], sim: dict[str, Any], *, tolerance: float 
 
 
 def run_fidelity(gpu_path: str, sim_path: str, *, tolerance: float = 0.25, out: IO[str] | None = None) -> int:
-    """Print the comparison of two demo JSON files; returns 0 when the goal is met, 1 otherwise."""
-    import sys
+    """Print the comparison of two demo JSON files; returns 0 when the goal is met, 1 otherwise.
 
+    Raises :class:`~.inputs.CommandError` when a file cannot be read or the two are not
+    the demo results that :func:`compare_demos` takes.
+    """
     out = out or sys.stdout
-    with open(gpu_path, encoding="utf-8") as fh:
-        gpu = json.load(fh)
-    with open(sim_path, encoding="utf-8") as fh:
-        sim = json.load(fh)
-    report = compare_demos(gpu, sim, tolerance=tolerance)
+    gpu = read_json(gpu_path, "the GPU result")
+    sim = read_json(sim_path, "the simulator result")
+    try:
+        report = compare_demos(gpu, sim, tolerance=tolerance)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from exc
     print(report.table(), file=out)
     return 0 if report.met else 1

@@ -14,6 +14,8 @@ Thread rules: call from one thread; it opens and closes backends itself.
 
 from __future__ import annotations
 
+import importlib
+import importlib.machinery
 import importlib.metadata
 import importlib.util
 import os
@@ -23,10 +25,10 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ._backends import BACKEND_NAMES, load_backend, probe_backend, select_auto
-from ._errors import BackendUnavailableError
+from .._backends import BACKEND_NAMES, load_backend, probe_backend, select_auto
+from .._errors import BackendUnavailableError
 
-__all__ = ["BackendStatus", "DeviceInfo", "DoctorReport", "LibraryStatus", "diagnose"]
+__all__ = ["BackendStatus", "DeviceInfo", "DoctorReport", "LibraryStatus", "diagnose", "native_module_problem"]
 
 # How to get each backend when it is missing (shown under the backend's own explanation).
 _BACKEND_HOW = {
@@ -45,6 +47,10 @@ _LIBRARIES: tuple[tuple[str, str, str, str], ...] = (
     ("matplotlib", "matplotlib", "timeline PNGs (streamrt demo / study)", "pip install 'streamrt[plot]'"),
     ("uvloop", "uvloop", "a faster asyncio event loop (optional)", "pip install uvloop"),
 )
+
+# The optional C extensions (built by pip install where a C compiler is found).
+FASTPATH_MODULE = "allocators._fastpath_c"
+PACK_MODULE = "streamrt.recipes.fmha_bwd._pack_c"
 
 # Device files and tools that show whether GPU hardware and a driver are installed at all.
 _HARDWARE_HINTS: tuple[tuple[str, str, str], ...] = (
@@ -132,9 +138,12 @@ class DoctorReport:
         for what, present, meaning in self.hardware:
             lines.append(f"  {what:<28} {'found' if present else 'not found'}{'' if present else ': ' + meaning}")
         lines += ["", "optional libraries"]
+        hows = [b.how for b in self.backends if not b.usable]
         for lib in self.libraries:
             if lib.present:
                 lines.append(f"  {lib.name:<14} {lib.version:<12} for {lib.used_for}")
+            elif any(lib.how in how for how in hows):  # its install hint is printed under backends
+                lines.append(f"  {lib.name:<14} {'missing':<12} for {lib.used_for} (see above)")
             else:
                 lines.append(f"  {lib.name:<14} {'missing':<12} for {lib.used_for}; how: {lib.how}")
         lines += ["", f"open_runtime('auto') picks: {self.auto_backend}"]
@@ -154,7 +163,8 @@ def _backend_status(name: str) -> BackendStatus:
     except Exception as exc:  # a broken install must not stop the doctor
         reason = f"probe failed: {exc!r}"
     if reason is not None:
-        return BackendStatus(name, False, why=reason, how=_explain(name, reason))
+        why, how = _explain(name, reason)
+        return BackendStatus(name, False, why=why, how=how)
     try:
         impl = load_backend(name)
     except BackendUnavailableError as exc:
@@ -175,42 +185,86 @@ def _backend_status(name: str) -> BackendStatus:
     return BackendStatus(name, True, devices=tuple(devices))
 
 
-def _explain(name: str, reason: str) -> str:
-    """The backend's own explanation of how to fix ``reason`` (its BackendUnavailableError), else a generic line."""
+def _explain(name: str, reason: str) -> tuple[str, str]:
+    """``(what is missing, how to get it)`` from the backend's own ``BackendUnavailableError``.
+
+    Its message is ``backend 'x' is not available: <what>. <how>``; the probe's one-line
+    ``reason`` (which may carry the how as well) stands in when the error does not say more.
+    """
     try:
         impl = load_backend(name)
     except BackendUnavailableError as exc:
         text = str(exc)
-        # The message is "backend 'x' is not available: <what>. <how>": keep the how part when it is there.
         prefix = f"backend {name!r} is not available: "
         if text.startswith(prefix):
             text = text[len(prefix) :]
-        _what, sep, how = text.partition(". ")
-        return how.strip() if sep and how.strip() else _BACKEND_HOW[name]
+        # The how is one of the backend's fixed sentences; the what may quote an exception with ". " in it.
+        what, sep, how = text.rpartition(". ")
+        if sep and what.strip() and how.strip():
+            return what.strip(), how.strip()
+        return reason, _BACKEND_HOW[name]
     except Exception:
-        return _BACKEND_HOW[name]
+        return reason, _BACKEND_HOW[name]
     impl.close()  # became usable between the probe and now
-    return _BACKEND_HOW[name]
+    return reason, _BACKEND_HOW[name]
+
+
+def _installed_version(dist: str, module: str) -> str:
+    """The version of distribution ``dist``, else of the one that provides ``module`` under a longer name.
+
+    Some libraries ship under a name per platform (CuPy: ``cupy-cuda12x``, ``cupy-rocm-6-0``): the
+    import name's distributions that start with ``dist`` stand in. ``""`` when none is installed.
+    """
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    top = module.partition(".")[0]
+    for candidate in sorted(importlib.metadata.packages_distributions().get(top, ())):
+        if candidate.lower().replace("_", "-").startswith(dist + "-"):
+            return f"{importlib.metadata.version(candidate)} ({candidate})"
+    return ""
 
 
 def _library_status(dist: str, module: str, used_for: str, how: str) -> LibraryStatus:
-    try:
-        version = importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        version = ""
+    version = _installed_version(dist, module)
     if not version:
         try:
             found = importlib.util.find_spec(module) is not None
         except (ImportError, ValueError):
             found = False
-        if found:
+        if found:  # importable, but installed without package metadata (a source tree on the path)
             version = "unknown version"
     return LibraryStatus(dist, bool(version), version, used_for, how)
 
 
+def native_module_problem(module: str) -> str | None:
+    """Why the optional C extension ``module`` cannot be imported (``None`` when it can).
+
+    Tells a module that was never built (no compiled file next to its source: ``pip
+    install`` found no C compiler) from one that is there but fails to load. Imports
+    the module when its file is there.
+    """
+    package, _, leaf = module.rpartition(".")
+    try:
+        spec = importlib.util.find_spec(module)
+    except ImportError as exc:  # its package itself cannot be imported
+        return f"{module} cannot be imported: {exc}"
+    if spec is None:
+        where = importlib.util.find_spec(package)
+        folder = os.path.dirname(where.origin) if where is not None and where.origin else package
+        suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+        return f"{module} was not built: no {leaf}{suffix} in {folder}"
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        return f"{module} is built ({spec.origin}) but does not load: {exc}"
+    return None
+
+
 def diagnose(*, backends: tuple[str, ...] = BACKEND_NAMES) -> DoctorReport:
     """Probe ``backends``, the GPU device files and tools, and the optional libraries."""
-    from . import __version__
+    from .. import __version__
 
     statuses = tuple(_backend_status(n) for n in backends)
     hardware: list[tuple[str, bool, str]] = [(what, os.path.exists(path), meaning) for what, path, meaning in _HARDWARE_HINTS]
@@ -229,19 +283,21 @@ def diagnose(*, backends: tuple[str, ...] = BACKEND_NAMES) -> DoctorReport:
             notes.append(f"{var}={os.environ[var]!r} limits the HIP devices this process sees")
     from allocators import _fastpath
 
-    if not _fastpath.NATIVE:
-        notes.append(
-            "the caching allocators run their hot path in Python (allocators._fastpath_c was not built): "
-            "allocate + release round trips take 2.5-3x longer (docs/performance.md, runs 59 and 62); reinstall streamrt with a C compiler present"
-        )
-    from .recipes.fmha_bwd.native import native_pack_unavailable_reason
+    rebuild = "reinstall streamrt with a C compiler present"
+    slower = "allocate + release round trips take 2.5-3x longer (docs/performance.md, runs 59 and 62)"
+    if not _fastpath.GIL_ENABLED:  # by design; importing the C module would turn the GIL back on
+        notes.append(f"the caching allocators run their hot path in Python on this free-threaded interpreter (the C one needs the GIL): {slower}")
+    elif not _fastpath.NATIVE:
+        why = native_module_problem(FASTPATH_MODULE) or f"{FASTPATH_MODULE} did not load"
+        notes.append(f"the caching allocators run their hot path in Python ({why}): {slower}; {rebuild}")
+    from ..recipes.fmha_bwd.native import native_pack_unavailable_reason
 
     pack_reason = native_pack_unavailable_reason()
     if pack_reason is not None:
-        notes.append(
-            f"the FMHA workspace recipe has no native pack ({pack_reason}): pack='native' is refused; "
-            "reinstall streamrt with a C compiler present"
-        )
+        # The recipe's own reason for a module that is not there reads as a circular import
+        # (`from . import _pack_c` inside the package's initialisation): say what is really wrong.
+        why = native_module_problem(PACK_MODULE) or pack_reason
+        notes.append(f"the FMHA workspace recipe has no native pack ({why}): pack='native' is refused; {rebuild}")
     try:
         numpy_version = importlib.metadata.version("numpy")
     except importlib.metadata.PackageNotFoundError:

@@ -22,18 +22,21 @@ import sys
 import traceback
 from typing import IO, Sequence
 
-from ._trace import study_session
+from .._trace import study_session
+from .inputs import CommandError, output_dir
 
 __all__ = ["run_study"]
 
 
 def run_study(script: str, args: Sequence[str] = (), *, out_dir: str = ".", plot: bool = True, out: IO[str] | None = None) -> int:
-    """Run ``script`` traced; print reports and write the trace files. Returns the exit status."""
+    """Run ``script`` traced; print reports and write the trace files. Returns the exit status.
+
+    Raises :class:`~.inputs.CommandError` when ``script`` is not a file or ``out_dir`` cannot be made.
+    """
     out = out or sys.stdout
     if not os.path.isfile(script):
-        print(f"streamrt study: {script!r} is not a file", file=sys.stderr)
-        return 2
-    os.makedirs(out_dir, exist_ok=True)
+        raise CommandError(f"{script!r}: no such file" if not os.path.exists(script) else f"{script!r} is not a file")
+    output_dir(out_dir)
     status = 0
     saved_argv = sys.argv
     saved_path = list(sys.path)
@@ -61,7 +64,7 @@ def run_study(script: str, args: Sequence[str] = (), *, out_dir: str = ".", plot
     for t in traces:
         print(t.report(), file=out)
         print("", file=out)
-    from ._trace_export import save_chrome, save_timeline
+    from .._trace_export import save_chrome, save_timeline
 
     trace_path = os.path.join(out_dir, "trace.json")
     save_chrome(traces, trace_path)

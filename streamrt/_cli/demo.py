@@ -1,7 +1,7 @@
 """``streamrt demo``: the seed workload in every strategy, compared, traced and drawn.
 
-The workload is a training step in miniature (DESIGN §9's microbenchmark):
-each step prepares the group-mode FMHA backward workspace (DESIGN §8) with one
+The workload is a training step in miniature: each step prepares the
+group-mode FMHA backward workspace (:mod:`streamrt.recipes.fmha_bwd`) with one
 strategy, runs a block of "compute" on the same stream (a stand-in for the
 step's matmuls: spin kernels of a set device time, or memsets where no kernel
 can be built), then a consumer that reads the workspace. The compute keeps the
@@ -41,9 +41,10 @@ from typing import IO, Any, Callable, Sequence
 
 import numpy as np
 
-from ._progress import Progress
-from ._runtime import Runtime, open_runtime
-from ._trace import Trace, start_trace, stop_trace
+from .._runtime import Runtime
+from .._trace import Trace, start_trace, stop_trace
+from .inputs import CommandError, load_profile, open_runtime_for, output_dir, output_file
+from .progress import Progress
 
 __all__ = ["DemoResult", "StrategyResult", "discover_strategies", "run_demo", "run_workload"]
 
@@ -134,11 +135,11 @@ def discover_strategies(rt: Runtime | None = None) -> list[StrategyInfo]:
     ``prepare_workspace``).
     """
     try:
-        from .recipes.fmha_bwd import pipeline as recipe
+        from ..recipes.fmha_bwd import pipeline as recipe
     except ImportError as exc:
         return [StrategyInfo(n, False, f"the workspace recipe is not available ({exc})") for n in WANTED]
     offered = tuple(getattr(recipe, "STRATEGIES", ()))
-    from .recipes.fmha_bwd.native import native_pack_unavailable_reason
+    from ..recipes.fmha_bwd.native import native_pack_unavailable_reason
 
     no_native = native_pack_unavailable_reason()
     out = []
@@ -177,8 +178,8 @@ class _Workload:
     """Buffers, the prepare and the per-step enqueue of one runtime."""
 
     def __init__(self, rt: Runtime, stream: Any, *, compute_ops: int, compute_bytes: int, compute_us: float, seed: int = 0) -> None:
-        from .recipes.fmha_bwd import WorkspaceParams, native_pack_available, reference_metadata
-        from .recipes.fmha_bwd.pipeline import WorkspacePrepare
+        from ..recipes.fmha_bwd import WorkspaceParams, native_pack_available, reference_metadata
+        from ..recipes.fmha_bwd.pipeline import WorkspacePrepare
 
         self.rt = rt
         self.stream = stream
@@ -256,7 +257,7 @@ class _Workload:
         elif strategy == "graph":
             prep.replay(s)
         elif strategy != BASELINE:
-            from .recipes.fmha_bwd.pipeline import prepare_workspace
+            from ..recipes.fmha_bwd.pipeline import prepare_workspace
 
             prepare_workspace(self.rt, s, self.params, self.seq_q, self.seq_k, self.workspace, strategy=strategy)
         self.compute()
@@ -396,18 +397,24 @@ def run_demo(
     compute_us: float = 200.0,
     out: IO[str] | None = None,
 ) -> int:
-    """Run the demo and print the comparison; returns the exit status (0 ok, 1 a strategy computed wrong metadata)."""
+    """Run the demo and print the comparison; returns the exit status (0 ok, 1 a strategy computed wrong metadata).
+
+    The counts are at least 1 (``warmup`` at least 0, ``compute_us`` not negative): the
+    parser's option types see to that. Raises :class:`~.inputs.CommandError` before
+    anything runs for a ``profile`` that is not a simulator profile or goes with a GPU
+    backend, and for an ``out_dir`` or ``json_path`` that cannot be written.
+    """
     out = out or sys.stdout
-    if compute_ops < 1 or compute_bytes < 1 or compute_us < 0:
-        raise ValueError("the demo needs at least one compute op of at least one byte, and compute_us >= 0")
     options: dict[str, Any] = {}
     if profile is not None:
         if backend not in ("sim", "auto"):
-            raise ValueError("--profile configures the simulator: use it with --backend sim")
+            raise CommandError(f"--profile configures the simulator: use it with --backend sim, not {backend}")
         backend = "sim"
-        options["profile"] = profile
-    os.makedirs(out_dir, exist_ok=True)
-    with open_runtime(backend, **options) as rt:
+        options["profile"] = load_profile(profile)
+    with open_runtime_for(backend, **options) as rt:
+        output_dir(out_dir)
+        if json_path:
+            output_file(json_path, "--json")
         caps = rt.capabilities
         simulated = caps.virtual_clock
         steps = steps if steps is not None else (3 if simulated else 30)
@@ -449,7 +456,7 @@ def run_demo(
         file=out,
     )
     trace_path = os.path.join(out_dir, "trace.json")
-    from ._trace_export import save_chrome, save_timeline
+    from .._trace_export import save_chrome, save_timeline
 
     save_chrome(traces, trace_path)
     timeline_path: str | None = os.path.join(out_dir, "timeline.png")

@@ -1,0 +1,20 @@
+"""The two optional C extensions; everything else about the package is in pyproject.toml.
+
+They are declared here because setuptools' ``[tool.setuptools.ext-modules]`` tables
+in pyproject.toml are still experimental (pip install warns about them).
+``optional=True``: where no C compiler is found (or a build fails) the install goes
+on without the module, and its Python twin serves the same contract.
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        # The caching allocators' hot path (allocators/_fastpath.py is the Python twin;
+        # `streamrt doctor` says when it runs instead).
+        Extension("allocators._fastpath_c", ["allocators/_fastpath_c.c"], optional=True),
+        # The FMHA backward workspace pack as a native host function
+        # (streamrt.recipes.fmha_bwd.native); without it pack="native" is refused.
+        Extension("streamrt.recipes.fmha_bwd._pack_c", ["streamrt/recipes/fmha_bwd/_pack_c.c"], optional=True),
+    ],
+)

@@ -1,0 +1,116 @@
+"""``streamrt bench``: skipped benchmarks (exit status 77 and a reason) do not fail the run; the suite passes on a CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from cli_helpers import REPO
+
+from streamrt._cli import main
+from streamrt._cli.bench import SKIP_STATUS
+
+SUITE = REPO / "demos" / "bench"
+TORCH_BENCHMARKS = ("train_loop_bench", "train_loop_breakdown")
+
+GOOD = """
+import argparse, json
+ap = argparse.ArgumentParser(); ap.add_argument('--backend'); ap.add_argument('--out')
+a = ap.parse_args()
+json.dump({'backend': a.backend, 'n': 1}, open(a.out, 'w'))
+"""
+
+
+def _suite(tmp_path: Path, scripts: dict[str, str]) -> Path:
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    for name, text in scripts.items():
+        (suite / f"{name}.py").write_text(textwrap.dedent(text))
+    return suite
+
+
+def test_a_skipped_benchmark_is_reported_with_its_reason_and_does_not_fail_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    suite = _suite(
+        tmp_path,
+        {
+            "good": GOOD,
+            "needs_moon": "import sys\nprint('looking', file=sys.stderr)\nprint('needs the moon: go there', file=sys.stderr)\nsys.exit(77)\n",
+            "silent_skip": "raise SystemExit(77)\n",
+        },
+    )
+    out_dir = tmp_path / "out"
+    assert main(["bench", "--backend", "sim", "--suite", str(suite), "--out-dir", str(out_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "needs_moon: skipped (" in out and "s): needs the moon: go there" in out
+    assert "silent_skip: skipped (" in out and "(the script gave no reason)" in out
+    assert "1 ok, 2 skipped, 0 failed on sim" in out
+    report = json.loads((out_dir / "bench.json").read_text())["benchmarks"]
+    assert report["good"]["status"] == "ok"
+    assert report["needs_moon"]["status"] == "skipped" and report["needs_moon"]["reason"] == "needs the moon: go there"
+    assert "## needs_moon\n\nstatus: skipped" in (out_dir / "bench.md").read_text()
+    assert "skipped: needs the moon: go there" in (out_dir / "bench.md").read_text()
+    assert SKIP_STATUS == 77
+
+
+def test_a_benchmark_past_its_timeout_fails_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    suite = _suite(tmp_path, {"good": GOOD, "slow": "import time\nprint('started', flush=True)\ntime.sleep(60)\n"})
+    assert main(["bench", "--backend", "sim", "--suite", str(suite), "--out-dir", str(tmp_path / "o"), "--timeout", "1"]) == 1
+    assert "1 ok, 0 skipped, 1 failed on sim" in capsys.readouterr().out
+    entry = json.loads((tmp_path / "o" / "bench.json").read_text())["benchmarks"]["slow"]
+    assert entry["status"] == "timeout" and "started" in entry["output"]
+
+
+def _run_script(name: str, *args: str, block_torch: bool = False) -> subprocess.CompletedProcess[str]:
+    boot = (
+        "import runpy, sys\n"
+        f"if {block_torch}: sys.modules['torch'] = None\n"
+        f"sys.path.insert(0, {str(SUITE)!r})\n"
+        f"sys.argv = [{name!r}, *sys.argv[1:]]\n"
+        f"runpy.run_path({str(SUITE / (name + '.py'))!r}, run_name='__main__')\n"
+    )
+    return subprocess.run([sys.executable, "-c", boot, *args], capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.mark.parametrize("name", TORCH_BENCHMARKS)
+def test_the_torch_benchmarks_skip_without_torch(name: str, tmp_path: Path) -> None:
+    proc = _run_script(name, "--backend", "sim", "--out", str(tmp_path / "r.json"), block_torch=True)
+    assert proc.returncode == SKIP_STATUS, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "needs torch: pip install 'streamrt[torch]'"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TORCH_BENCHMARKS)
+def test_the_torch_benchmarks_skip_on_cuda_without_a_cuda_torch(name: str, tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("torch has a CUDA device here")
+    proc = _run_script(name, "--device", "cuda", "--out", str(tmp_path / "r.json"))
+    assert proc.returncode == SKIP_STATUS, proc.stderr
+    assert "has no CUDA device here" in proc.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_the_suite_passes_on_the_simulator(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The two torch benchmarks run on torch's CPU with the simulator (a functional run) next to a plain one."""
+    has_torch = importlib.util.find_spec("torch") is not None
+    only = [arg for name in (*TORCH_BENCHMARKS, "core_ops") for arg in ("--only", name)]
+    assert main(["bench", "--backend", "sim", "--out-dir", str(tmp_path), *only]) == 0, capsys.readouterr().out
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["backend"] == "sim"
+    entries = report["benchmarks"]
+    assert entries["core_ops"]["status"] == "ok"
+    for name in TORCH_BENCHMARKS:
+        if has_torch:
+            assert entries[name]["status"] == "ok", entries[name]
+        else:
+            assert entries[name]["status"] == "skipped", entries[name]
+            assert entries[name]["reason"] == "needs torch: pip install 'streamrt[torch]'"
+    if has_torch:
+        assert entries["train_loop_bench"]["result"]["machine"]["device"] == "cpu (simulator)"
+        assert entries["train_loop_bench"]["result"]["sizes"]["xs"]["losses_agree"] is True
+        assert entries["train_loop_breakdown"]["result"]["device"] == "cpu (sim)"
