@@ -101,7 +101,9 @@ def emulation_library() -> ctypes.CDLL | str:
         os.replace(tmp, out)
     lib = ctypes.CDLL(str(out))
     ptr, i32, u32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_uint
-    lib.emu_fmha_bwd_prepare.argtypes = [u32, u32, ptr, ptr, ptr] + [i32] * 10
+    lib.emu_fmha_bwd_prepare.argtypes = [u32, u32, ptr, ptr, ptr, ptr] + [i32] * 10
+    i64 = ctypes.c_int64
+    lib.emu_fmha_bwd_dq_acc_prezero.argtypes = [u32, u32, ptr, i64, i64, i64]
     lib.emu_fill_u32.argtypes = [u32, u32, ptr, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32]
     lib.emu_checksum_u32.argtypes = [u32, u32, ptr, ctypes.c_uint64, ptr]
     lib.emu_spin_sleep.argtypes = [ptr, ctypes.c_double, ctypes.c_double, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64]
