@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 import streamrt._kernel._builtin  # noqa: F401 - registers the shipped kernels' twins
+import streamrt.recipes.fmha_bwd  # noqa: F401 - registers the recipe's kernels' twins
 from streamrt._backends.sim import registered_twins
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,8 +25,8 @@ KERNELS = REPO / "kernels"
 EMULATION = Path(__file__).resolve().parent / "emulation"
 
 
-def seqstart(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
-    return np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))]).astype(np.int32)
+def seqstart(lengths: Sequence[int] | np.ndarray, first: int = 0) -> np.ndarray:
+    return np.concatenate([[first], first + np.cumsum(np.asarray(lengths, dtype=np.int64))]).astype(np.int32)
 
 
 class HostTwinContext:
