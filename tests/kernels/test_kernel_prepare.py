@@ -4,6 +4,8 @@ zeroes exactly the count it reads; the simulator twins compute the same bytes as
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import weakref
 
 import numpy as np
@@ -225,3 +227,18 @@ def test_the_prepare_twin_computes_the_device_bytes(rt: srt.Runtime, name: str) 
     run_twin("fmha_bwd_prepare", (1, 1, 1), (256, 1, 1), [qq, kk, meta, record], args)
     assert np.array_equal(meta, on_device[: params.metadata_region_bytes])
     assert PrepareResult.from_record(record.view(np.uint8)) == result
+
+
+def test_the_recipe_registers_its_kernels_when_their_sources_are_loaded() -> None:
+    """The kernel layer imports no recipe; loading a recipe's source imports the package it names, which registers
+    the spec and the twin (a fresh interpreter, so no other test imported the recipe first)."""
+    code = (
+        "import sys, streamrt as srt, streamrt._kernel\n"
+        "assert 'streamrt.recipes.fmha_bwd' not in sys.modules\n"
+        "with srt.open_runtime('sim') as rt:\n"
+        "    k = rt.kernels.get('fmha_bwd_dq_acc_prezero')\n"
+        "    assert 'streamrt.recipes.fmha_bwd' in sys.modules and k.spec is not None\n"
+        "    assert rt.kernels.get('fmha_bwd_prepare').spec.check is not None\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
