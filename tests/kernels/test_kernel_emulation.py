@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 from kernel_cases import EDGE_CASES, LIMIT_CASES, Case, random_cases
 from kernel_helpers import aligned_bytes, emulation_library
 

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from streamrt.recipes.fmha_bwd import (
     CK_DIVIDE_BY_ZERO,
-    CK_INT32_OVERFLOW,
     STATUS_NEGATIVE_LENGTH,
     STATUS_NEGATIVE_SEQSTART,
     STATUS_SEQLEN_K_EXCEEDED,
