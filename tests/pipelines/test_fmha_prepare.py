@@ -121,6 +121,28 @@ def test_every_strategy_uploads_cks_image_and_zeroes_what_ck_zeroes(rt: srt.Runt
     env.check(q, k)
 
 
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("wait_for", ["stream", None])
+def test_fork_runs_the_round_trip_off_the_callers_stream(rt: srt.Runtime, deterministic: bool, wait_for: str | None) -> None:
+    """Under "fork" the round trip runs on a side stream: beside the memset (non-deterministic), or the whole
+    memset-free chain (deterministic), which then is not on the caller's stream at all."""
+    params = dataclasses.replace(PARAMS, deterministic=deterministic)
+    env = Setup(rt, params)
+    q, k = env.set_seqlens(np.array([5, 0, 200, 33, 1, 64]), np.array([40, 7, 0, 200, 1, 64]))
+    gate = Gate()
+    with WorkspacePrepare(rt, params, env.q, env.k, env.ws) as prep:
+        env.s.launch_host_func(gate)  # holds the caller's stream
+        try:
+            run = prep.launch(env.s, "fork", wait_for=wait_for, join=False)
+            assert (env.s in run.streams) != deterministic
+            assert not run.is_done
+        finally:
+            gate.open()
+        run.join(env.s)
+        run.result(10)
+    env.check(q, k)
+
+
 @pytest.mark.parametrize("strategy", ["stream", "fork", "graph"])
 def test_replays_with_changed_seqlens_give_the_new_image_and_zeroing(rt: srt.Runtime, strategy: str, pack: str) -> None:
     env = Setup(rt)

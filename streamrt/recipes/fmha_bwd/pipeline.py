@@ -22,7 +22,9 @@ past the used prefix is written (the old pipeline zeroed the whole bound, up to 
 Strategies (:func:`prepare_workspace` and :class:`WorkspacePrepare`):
 
 * ``"stream"`` — the pipeline on the caller's stream (the seed's behaviour);
-* ``"fork"`` — the round trip on a pooled side stream, joined by an event;
+* ``"fork"`` — the round trip on a pooled side stream, joined by an event (non-deterministic:
+  ``Pipeline.launch``'s ``"fork"``, the memset on the caller's stream; deterministic: the whole
+  chain, memset-free, on the side stream);
 * ``"graph"`` — the pipeline captured once, replayed per prepare (each replay
   re-reads seqstart on the device and re-runs the pack);
 * ``"sync"`` — the old path: two blocking D2H copies (each drains the stream), the pack on
@@ -52,6 +54,7 @@ import numpy as np
 
 from ..._buffer import Buffer
 from ..._completion import Completion
+from ..._event import Event
 from ..._kernel import library_for
 from ..._pipeline import Pipeline
 from ..._run import Run, record_tail
@@ -177,7 +180,36 @@ class WorkspacePrepare(PreparePlan):
         self._check_open()
         if strategy not in ("stream", "fork"):
             raise ValueError(f"launch takes strategy 'stream' or 'fork', got {strategy!r} (use replay() or run_sync())")
+        if strategy == "fork" and self._params.deterministic:
+            return self._launch_aside(stream, **launch_options)
         return self._pipeline.launch(stream, policy=strategy, **launch_options)
+
+    def _launch_aside(self, stream: Stream, *, wait_for: str | Event | None = "stream", join: bool = True) -> Run:
+        """``"fork"`` of the deterministic prepare. Its pipeline is one chain, which ``Pipeline.launch``
+        under ``"fork"`` would keep on the caller's stream (the first branch stays there); so the
+        chain runs on one pooled side stream, ordered as ``"fork"`` orders a side branch: after
+        ``stream`` (``wait_for="stream"``), after an event, or at once (``None``); ``join`` makes
+        ``stream`` wait for it."""
+        if not (wait_for is None or wait_for == "stream" or isinstance(wait_for, Event)):
+            raise TypeError("wait_for must be 'stream', an Event or None")
+        pool = pool_for(self._rt)
+        (side,) = pool.acquire_streams(1, stream.priority)
+        entry: Event | None = None
+        try:
+            if wait_for == "stream":
+                entry = pool.acquire_event()
+                stream.record(entry)
+                side.wait(entry)
+            elif wait_for is not None:
+                side.wait(wait_for)
+            run = self._pipeline.launch(side)
+            if join:
+                run.join(stream)
+        finally:
+            if entry is not None:
+                pool.release_event(entry)
+            pool.release_streams([side], stream.priority)
+        return run
 
     def result(self, stream: Stream) -> PrepareResult:
         """Blocking: wait for ``stream`` (the prepare's), then decode the result record of the latest prepare."""
