@@ -200,7 +200,7 @@ class WorkspacePrepare(PreparePlan):
                 entry = pool.acquire_event()
                 stream.record(entry)
                 side.wait(entry)
-            elif wait_for is not None:
+            elif isinstance(wait_for, Event):
                 side.wait(wait_for)
             run = self._pipeline.launch(side)
             if join:
