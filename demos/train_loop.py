@@ -66,6 +66,7 @@ from streamrt.recipes.fmha_bwd import (
     native_pack_available,
     pack_metadata,
     pack_metadata_native,
+    parse_metadata,
     reference_metadata,
     workspace_size,
 )
@@ -336,7 +337,7 @@ def run_plain(cfg: Config, device: torch.device, *, rt: srt.Runtime | None = Non
         if cfg.prepare:  # the old prepare: seqstart to the host (a blocking D2H), pack, back
             cu_host = _wait(rt, "cu_seqlens.cpu()", cu.cpu).numpy()
             _pack_on_this_thread(params, cu_host, cu_host, out=meta_host)
-            used = int(meta_host[48:56].view("<i8")[0])
+            used = parse_metadata(params, meta_host).dq_acc_zero_bytes
             ws[region : region + used].zero_()
             _wait(rt, "metadata.to(device)", ws[:region].copy_, torch.from_numpy(meta_host))
         loss = _span(rt, "fwd+bwd+step", train_step, model, opt, tokens, targets, cu)

@@ -1,4 +1,4 @@
-"""Device-side workspace prepare (issue 6): the one-kernel prepare beside the host-pack strategies.
+"""Device-side workspace prepare (issues 6 and 24): CK's device-side prepare beside the host-pack strategies.
 
 Three measurements, in one run:
 
@@ -8,12 +8,14 @@ Three measurements, in one run:
    time per step against ``none``:
 
        none            no prepare
-       host_stream     host pack, the pipeline on the step's stream (D2H -> host fn -> H2D)
+       host_stream     host pack, the pipeline on the step's stream (D2H -> host fn -> H2D, and
+                       the memset of the dq_acc bound, or the prezero kernel when deterministic)
        host_fork       host pack on a side stream joined by an event (wait_for=None)
        host_graph      host pack, captured and replayed
-       device          the kernel, bare on the step's stream (DevicePrepare.enqueue)
-       device_run      the kernel as a launched pipeline (a Run with its tail event)
-       device_graph    the kernel, captured and replayed
+       device          the metadata kernel and the memset (the prezero kernel when deterministic),
+                       bare on the step's stream (DevicePrepare.enqueue)
+       device_run      the same as a launched pipeline (a Run with its tail event)
+       device_graph    the same, captured and replayed
        torch_standin   a few torch ops computing the same sizes (diff, cumsum, fill, zero)
 
 2. End-to-end prepare latency on an idle GPU: host wall time from the call to the end of
@@ -54,8 +56,8 @@ from streamrt.recipes.fmha_bwd import (
     DevicePrepare,
     WorkspaceParams,
     WorkspacePrepare,
-    parse_metadata,
     reference_metadata,
+    reference_result,
     workspace_size,
 )
 
@@ -109,12 +111,12 @@ class Setup:
 
     def _standin(self) -> Callable[[], None]:
         torch, p = self.torch, self.params
-        lay = p.layout
+        lay = p.metadata_layout
         ts = torch.cuda.ExternalStream(self.s.handle)
         base = (-self.tws.data_ptr()) % 16
         meta = self.tws[base : base + lay.region_bytes]
-        offsets = meta[lay.offsets_offset : lay.nsplits_offset].view(torch.int64)
-        nsplits = meta[lay.nsplits_offset : lay.nsplits_offset + 4 * p.batch].view(torch.int32)
+        offsets = meta[lay.offsets_offset : lay.offsets_offset + 8 * lay.offsets_count].view(torch.int64)
+        nsplits = meta[: 4 * lay.nsplits_count].view(torch.int32)
         dq_acc = self.tws[base + lay.region_bytes : base + lay.region_bytes + p.dq_acc_bound_bytes]
         tq, tk = self.tq, self.tk
 
@@ -123,8 +125,9 @@ class Setup:
                 sq = (tq[1:] - tq[:-1]).to(torch.int64)
                 sk = tk[1:] - tk[:-1]
                 nc = torch.div(sk + (p.kN0 - 1), p.kN0, rounding_mode="floor")
-                nsplits.copy_(torch.clamp(nc, max=1))
-                torch.cumsum(sq * (p.nhead * p.hdim_q), 0, out=offsets[1:])
+                nsplits.copy_(torch.clamp(nc[: lay.nsplits_count], min=1, max=1))
+                if p.deterministic:
+                    torch.cumsum(sq * (p.nhead * p.hdim_q), 0, out=offsets[1:])
                 dq_acc.zero_()
 
         return standin
@@ -278,9 +281,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             latency = bench_latency(env, args)
             env.device.enqueue(s)
             ok = env.metadata_ok()
-            used = parse_metadata(reference_metadata(params, seq_q, seq_k)).dq_acc_used_bytes
+            used = reference_result(params, seq_q, seq_k).dq_acc_used_bytes
             sleep = bench_sleep(rt, s, args)
-            grid = env.device.grid
+            grids = env.device.grids
         finally:
             env.close()
         device = f"{rt.backend_name}: {rt.capabilities.device_name}"
@@ -291,7 +294,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "work": work_note,
         "params": {f: getattr(params, f) for f in params.__dataclass_fields__},
         "dq_acc_used_bytes": used,
-        "prepare_grid": list(grid),
+        "prepare_grids": [list(g) for g in grids],
         "metadata_matches_reference": ok,
         "train_step": step,
         "latency_idle_gpu": latency,

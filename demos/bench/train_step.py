@@ -59,8 +59,8 @@ from streamrt.recipes.fmha_bwd import (
     WorkspaceParams,
     WorkspacePrepare,
     native_pack_available,
-    parse_metadata,
     reference_metadata,
+    reference_result,
     workspace_size,
 )
 
@@ -240,7 +240,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         s.copy(check, ws.view(0, params.metadata_region_bytes))
         s.synchronize()
         ok = np.array_equal(check.numpy(), reference_metadata(params, seq_q, seq_k))
-        used = parse_metadata(check.numpy()).dq_acc_used_bytes
+        used = reference_result(params, seq_q, seq_k).dq_acc_used_bytes
         check.release()
         for p in preps.values():
             p.close()

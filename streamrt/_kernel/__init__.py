@@ -9,8 +9,10 @@ Layout of this package (one topic per module):
 * :mod:`._library` — :class:`KernelLibrary` (``rt.kernels``), :class:`KernelModule`;
 * :mod:`._binding` — :class:`Kernel`, argument checking and packing;
 * :mod:`._launch` — :func:`launch_kernel` (``Stream.launch_kernel``), :class:`KernelNode` (``Pipeline.kernel``);
-* :mod:`._builtin` — specs, simulator twins and launchers of the shipped kernels (registered on import,
-  which the first :class:`KernelLibrary` does);
+* :mod:`._builtin` — specs, simulator twins and launchers of the verification and study kernels (registered
+  on import, which the first :class:`KernelLibrary` does);
+* :mod:`._register` — :func:`register_kernel` for packages above this layer that ship a kernel source
+  (the FMHA recipe), and the ``// streamrt-register:`` line that makes loading the source import them;
 * :mod:`._reference` — numpy references of the verification kernels.
 
 See docs/kernels.md.
@@ -31,6 +33,7 @@ from ._library import (
     load_kernel,
 )
 from ._reference import checksum_words, fill_words
+from ._register import register_kernel
 from ._signature import Param, Signature, parse_kernels
 from ._source import expand_includes, read_shipped, shipped_sources
 from ._spec import KernelArgs, KernelSpec, get_kernel_spec, register_kernel_spec, registered_kernel_specs
@@ -66,6 +69,7 @@ __all__ = [
     "parse_kernels",
     "prepare_launch",
     "read_shipped",
+    "register_kernel",
     "register_kernel_spec",
     "registered_kernel_specs",
     "shipped_sources",

@@ -9,13 +9,12 @@ kernel                 source                        twin
 ``fill_u32``           ``verify.hip``                numpy fill; ~3 µs + 4 bytes/word at 3 TB/s
 ``checksum_u32``       ``verify.hip``                :func:`checksum_words`; same cost
 ``spin_sleep``         ``sleep.hip``                 writes the requested time; costs it
-``fmha_bwd_prepare``   ``fmha_bwd_prepare.hip``      the recipe's ``pack_metadata`` + zeroing
 =====================  ============================  ==========================================
 
-The twins run on the simulator's executor thread in stream order. Their cost
-models depend on the launch arguments only (the simulator's rule), so the
-prepare is charged for its metadata region and the dq_acc *bound*, not the used
-bytes it cannot know at enqueue.
+The twins run on the simulator's executor thread in stream order; their cost
+models depend on the launch arguments only (the simulator's rule). The FMHA
+recipe's kernels are registered by the recipe (:mod:`streamrt.recipes.fmha_bwd`,
+through :func:`~._register.register_kernel`).
 """
 
 from __future__ import annotations
@@ -35,12 +34,11 @@ if TYPE_CHECKING:
     from .._stream import Stream
     from ._library import KernelLibrary
 
-__all__ = ["PREPARE_THREADS", "prepare_grid", "prepare_params", "prepare_scalars"]
+__all__ = ["checksum_u32", "fill_u32", "spin_sleep"]
 
-_LAUNCH_US = 3.0  # an empty kernel in a stream (DESIGN §9)
+_LAUNCH_US = 3.0  # an empty kernel in a stream (measured on the H200)
 _BYTES_PER_US = 3.0e6  # ~3 TB/s of device memory traffic
 _CHUNK = 1 << 20  # words per numpy step (bounds the twins' temporary memory)
-PREPARE_THREADS = 256  # SRT_PREP_THREADS of fmha_bwd_prepare.hip
 
 
 def _one_dimensional(kernel: str, grid: tuple[int, int, int], block: tuple[int, int, int]) -> None:
@@ -98,139 +96,6 @@ def _check_sleep(args: KernelArgs, grid: Any, block: Any, smem: int) -> None:
         raise ValueError(f"spin_sleep runs on one thread: launch it with grid 1 and block 1, got {grid}, {block}")
 
 
-# -- the FMHA backward workspace prepare ---------------------------------------------------------------
-
-
-def prepare_params(args: KernelArgs) -> Any:
-    """The recipe's ``WorkspaceParams`` of a ``fmha_bwd_prepare`` launch (``ValueError``/``TypeError`` if invalid)."""
-    from ..recipes.fmha_bwd.layout import WorkspaceParams
-
-    if args.deterministic not in (0, 1):
-        raise ValueError(f"fmha_bwd_prepare: deterministic must be 0 or 1, got {args.deterministic}")
-    return WorkspaceParams(
-        batch=args.batch,
-        nhead=args.nhead,
-        hdim_q=args.hdim_q,
-        kM0=args.kM0,
-        kN0=args.kN0,
-        num_cus=args.num_cus,
-        deterministic=bool(args.deterministic),
-        max_seqlen_q=args.max_seqlen_q,
-        max_seqlen_k=args.max_seqlen_k,
-        total_q_padded=args.total_q_padded,
-    )
-
-
-def prepare_scalars(params: Any) -> list[int]:
-    """The ten scalar arguments of a ``fmha_bwd_prepare`` launch for ``params``, in the kernel's order
-    (after the seqstart_q, seqstart_k and workspace pointers); the inverse of :func:`prepare_params`."""
-    return [
-        params.batch,
-        params.nhead,
-        params.hdim_q,
-        params.kM0,
-        params.kN0,
-        params.num_cus,
-        int(params.deterministic),
-        params.max_seqlen_q,
-        params.max_seqlen_k,
-        params.total_q_padded,
-    ]
-
-
-def prepare_grid(params: Any, multiprocessor_count: int) -> tuple[int, int, int]:
-    """The grid of a ``fmha_bwd_prepare`` launch: block 0 for the metadata, then enough blocks
-    (at most two per SM) to zero the dq_acc bound in a few sweeps of 16-byte stores."""
-    per_block = PREPARE_THREADS * 16 * 8  # 32 KiB: eight 16-byte stores per thread
-    zero_blocks = min(-(-params.dq_acc_bound_bytes // per_block), 2 * max(int(multiprocessor_count), 1))
-    return (1 + zero_blocks, 1, 1)
-
-
-def _prepare_twin(
-    ctx: Any,
-    grid: Any,
-    block: Any,
-    seqstart_q: int,
-    seqstart_k: int,
-    workspace: int,
-    batch: int,
-    nhead: int,
-    hdim_q: int,
-    kM0: int,
-    kN0: int,
-    num_cus: int,
-    deterministic: int,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    total_q_padded: int,
-) -> None:
-    from ..recipes.fmha_bwd.layout import WorkspaceParams
-    from ..recipes.fmha_bwd.reference import pack_metadata
-
-    params = WorkspaceParams(
-        batch=batch,
-        nhead=nhead,
-        hdim_q=hdim_q,
-        kM0=kM0,
-        kN0=kN0,
-        num_cus=num_cus,
-        deterministic=bool(deterministic),
-        max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k,
-        total_q_padded=total_q_padded,
-    )
-    q = np.array(ctx.view(seqstart_q, batch + 1, np.int32))
-    k = np.array(ctx.view(seqstart_k, batch + 1, np.int32))
-    region = params.metadata_region_bytes
-    meta = ctx.view(workspace, region, np.uint8)
-    pack_metadata(params, q, k, out=meta)
-    used = int(meta[48:56].view("<i8")[0])
-    ctx.view(workspace + region, used, np.uint8)[:] = 0
-
-
-def _prepare_cost(
-    grid: Any,
-    block: Any,
-    q: int,
-    k: int,
-    ws: int,
-    batch: int,
-    nhead: int,
-    hdim_q: int,
-    kM0: int,
-    kN0: int,
-    num_cus: int,
-    det: int,
-    msq: int,
-    msk: int,
-    tqp: int,
-) -> float:
-    """Launch + the metadata region + the dq_acc bound at memory bandwidth, + ~1 ns per batch entry."""
-    nsplits_bound = -(-msk // max(kN0, 1)) if det else 1
-    bound = 4 * nhead * nsplits_bound * tqp * hdim_q
-    workers = num_cus if det else 0
-    metadata = -(-(-(-(128 + 8 * (batch + 1) + 4 * batch) // 8) * 8 + 20 * workers) // 8) * 8
-    region = -(-metadata // 4096) * 4096
-    return _stream_cost(region + max(bound, 0)) + 1e-3 * batch
-
-
-def _prepare_workspace_bytes(args: KernelArgs) -> int:
-    return int(prepare_params(args).workspace_bytes)
-
-
-def _check_prepare(args: KernelArgs, grid: Any, block: Any, smem: int) -> None:
-    params = prepare_params(args)
-    ws_lo, ws_hi = args.workspace, args.workspace + params.workspace_bytes
-    for name in ("seqstart_q", "seqstart_k"):
-        lo = args[name]
-        if lo and lo < ws_hi and ws_lo < lo + 4 * (params.batch + 1):
-            raise ValueError(f"fmha_bwd_prepare: {name} overlaps the workspace the kernel writes")
-    if block != (PREPARE_THREADS, 1, 1):
-        raise ValueError(f"fmha_bwd_prepare runs with block ({PREPARE_THREADS}, 1, 1), got {block}")
-    if grid[1:] != (1, 1):
-        raise ValueError(f"fmha_bwd_prepare uses a 1-D grid (1 + zeroing blocks, 1, 1), got {grid}")
-
-
 # -- registration ------------------------------------------------------------------------------------
 
 
@@ -247,20 +112,9 @@ def _register() -> None:
     register_kernel_spec(
         KernelSpec("spin_sleep", sizes={"out": lambda a: 16}, access={"out": "w"}, nullable=frozenset({"out"}), check=_check_sleep)
     )
-    seq_bytes = lambda a: 4 * (a.batch + 1)  # noqa: E731
-    register_kernel_spec(
-        KernelSpec(
-            "fmha_bwd_prepare",
-            sizes={"seqstart_q": seq_bytes, "seqstart_k": seq_bytes, "workspace": _prepare_workspace_bytes},
-            access={"seqstart_q": "r", "seqstart_k": "r", "workspace": "w"},
-            align={"workspace": 16},
-            check=_check_prepare,
-        )
-    )
     register_twin("fill_u32", ("ptr:w", "u64", "u32", "u32"), _fill_twin, cost_us=lambda g, b, out, n, v, s: _stream_cost(4 * n))
     register_twin("checksum_u32", ("ptr:r", "u64", "ptr:rw"), _checksum_twin, cost_us=lambda g, b, data, n, res: _stream_cost(4 * n))
     register_twin("spin_sleep", ("ptr:w", "f64", "f64"), _sleep_twin, cost_us=lambda g, b, out, us, rate: max(float(us), 0.0))
-    register_twin("fmha_bwd_prepare", ("ptr:r", "ptr:r", "ptr:w") + ("i32",) * 10, _prepare_twin, cost_us=_prepare_cost)
 
 
 _register()

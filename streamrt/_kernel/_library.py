@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from .._errors import ClosedError
 from ._binding import Kernel
 from ._cache import KernelCache, KernelCacheStatistics, cache_key, default_cache
+from ._register import import_registrars
 from ._signature import Signature, parse_kernels
 from ._source import expand_includes, read_shipped, shipped_sources
 from ._spec import KernelSpec, get_kernel_spec
@@ -260,7 +261,9 @@ class KernelLibrary:
         with self._lock:
             module = self._by_source.get(source_name)
             if module is None:
-                module = self._by_source[source_name] = self.from_source(read_shipped(source_name), name=source_name)
+                text = read_shipped(source_name)
+                import_registrars(text)  # the package that owns the source registers its specs and twins
+                module = self._by_source[source_name] = self.from_source(text, name=source_name)
             return module
 
     def get(self, kernel_name: str) -> Kernel:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 import streamrt._kernel._builtin  # noqa: F401 - registers the shipped kernels' twins
+import streamrt.recipes.fmha_bwd  # noqa: F401 - registers the recipe's kernels' twins
 from streamrt._backends.sim import registered_twins
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,8 +25,8 @@ KERNELS = REPO / "kernels"
 EMULATION = Path(__file__).resolve().parent / "emulation"
 
 
-def seqstart(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
-    return np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))]).astype(np.int32)
+def seqstart(lengths: Sequence[int] | np.ndarray, first: int = 0) -> np.ndarray:
+    return np.concatenate([[first], first + np.cumsum(np.asarray(lengths, dtype=np.int64))]).astype(np.int32)
 
 
 class HostTwinContext:
@@ -101,7 +102,9 @@ def emulation_library() -> ctypes.CDLL | str:
         os.replace(tmp, out)
     lib = ctypes.CDLL(str(out))
     ptr, i32, u32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_uint
-    lib.emu_fmha_bwd_prepare.argtypes = [u32, u32, ptr, ptr, ptr] + [i32] * 10
+    lib.emu_fmha_bwd_prepare.argtypes = [u32, u32, ptr, ptr, ptr, ptr] + [i32] * 10
+    i64 = ctypes.c_int64
+    lib.emu_fmha_bwd_dq_acc_prezero.argtypes = [u32, u32, ptr, i64, i64, i64]
     lib.emu_fill_u32.argtypes = [u32, u32, ptr, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32]
     lib.emu_checksum_u32.argtypes = [u32, u32, ptr, ctypes.c_uint64, ptr]
     lib.emu_spin_sleep.argtypes = [ptr, ctypes.c_double, ctypes.c_double, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64]

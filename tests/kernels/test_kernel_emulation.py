@@ -1,6 +1,7 @@
 """The kernel sources themselves, compiled for the host and run with emulated GPU threads and barriers
-(tests/kernels/emulation): the C++ of the device prepare matches the numpy reference bit for bit, over
-edge cases and random seqlens, with one to three blocks; fill, checksum and sleep do what their twins do.
+(tests/kernels/emulation): the C++ of the device prepare writes the oracle's metadata and result bit for bit,
+over edge cases, lengths near the 32-bit limits and random seqlens, and touches nothing else; the prezero
+zeroes exactly the count it reads, with one to three blocks; fill, checksum and sleep do what their twins do.
 
 This is what checks the kernels' code on machines without a GPU (the simulator runs the numpy twins,
 not the C++). Skipped when no C++20 compiler is available."""
@@ -10,13 +11,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
-from kernel_cases import EDGE_CASES, Case, random_cases
+from kernel_cases import EDGE_CASES, LIMIT_CASES, Case, random_cases
 from kernel_helpers import aligned_bytes, emulation_library
 
 from streamrt._kernel import checksum_words, fill_words
-from streamrt._kernel._builtin import prepare_scalars
-from streamrt.recipes.fmha_bwd import parse_metadata, reference_metadata
+from streamrt.recipes.fmha_bwd import PrepareResult, reference_metadata, reference_result
+from streamrt.recipes.fmha_bwd._kernels import prepare_scalars
 
 FILL = 0xAB
 
@@ -29,40 +29,46 @@ def emu() -> object:
     return lib
 
 
-def run_prepare(emu: object, case: Case, grid: int) -> None:
+def run_prepare(emu: object, case: Case) -> None:
     params, q, k = case
     ref = reference_metadata(params, q, k)
-    used = parse_metadata(ref).dq_acc_used_bytes
     region = params.metadata_region_bytes
-    tail = 4096  # bytes past the used dq_acc that must stay untouched (not the whole bound: it can be large)
-    _owner, ws = aligned_bytes(region + used + tail, FILL)
+    tail = 4096  # bytes past the metadata region that must stay untouched (the kernel writes no dq_acc)
+    _owner, ws = aligned_bytes(region + tail, FILL)
+    record = np.zeros(2, np.uint64)
     qq, kk = np.ascontiguousarray(q, np.int32), np.ascontiguousarray(k, np.int32)
     emu.emu_fmha_bwd_prepare(  # type: ignore[attr-defined]
-        grid,
-        256,
-        qq.ctypes.data,
-        kk.ctypes.data,
-        ws.ctypes.data,
-        *prepare_scalars(params),
+        1, 256, qq.ctypes.data, kk.ctypes.data, ws.ctypes.data, record.ctypes.data, *prepare_scalars(params)
     )
     meta = ws[:region]
     if not np.array_equal(meta, ref):
         bad = np.flatnonzero(meta != ref)
         raise AssertionError(f"metadata differs at bytes {bad[:16].tolist()} (of {bad.size})")
-    assert (ws[region : region + used] == 0).all()
-    assert (ws[region + used :] == FILL).all()
+    assert (ws[region:] == FILL).all()
+    assert PrepareResult.from_record(record.view(np.uint8)) == reference_result(params, q, k)
 
 
-@pytest.mark.parametrize("name", list(EDGE_CASES))
-def test_emulated_prepare_matches_the_reference_on_edge_cases(emu: object, name: str) -> None:
-    for grid in (1, 3):
-        run_prepare(emu, EDGE_CASES[name], grid)
+@pytest.mark.parametrize("name", list(EDGE_CASES) + list(LIMIT_CASES))
+def test_emulated_prepare_matches_the_oracle_on_edge_cases(emu: object, name: str) -> None:
+    run_prepare(emu, {**EDGE_CASES, **LIMIT_CASES}[name])
 
 
 @settings(max_examples=30, deadline=None)
-@given(case=random_cases(), grid=st.integers(1, 3))
-def test_emulated_prepare_matches_the_reference_on_random_seqlens(emu: object, case: Case, grid: int) -> None:
-    run_prepare(emu, case, grid)
+@given(case=random_cases())
+def test_emulated_prepare_matches_the_oracle_on_random_seqlens(emu: object, case: Case) -> None:
+    run_prepare(emu, case)
+
+
+@pytest.mark.parametrize("grid", [1, 2, 3])
+@pytest.mark.parametrize("count", [0, 3, 4, 257, 1027, 5000, 9000])
+def test_emulated_prezero_zeroes_exactly_the_count_it_reads(emu: object, grid: int, count: int) -> None:
+    max_count = 6000
+    _owner, ws = aligned_bytes(4096 + 4 * max_count + 64, FILL)
+    ws[512:520].view(np.int64)[0] = count
+    emu.emu_fmha_bwd_dq_acc_prezero(grid, 256, ws.ctypes.data, 512, 4096, max_count)  # type: ignore[attr-defined]
+    zeroed = 4 * min(count, max_count)
+    assert (ws[4096 : 4096 + zeroed] == 0).all() and (ws[4096 + zeroed :] == FILL).all()
+    assert (ws[:512] == FILL).all() and (ws[520:4096] == FILL).all()
 
 
 def test_emulated_fill_and_checksum_match_numpy(emu: object) -> None:

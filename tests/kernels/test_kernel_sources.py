@@ -25,6 +25,7 @@ from streamrt._kernel import (
 
 SHIPPED = {
     "fmha_bwd_prepare.hip": ["fmha_bwd_prepare"],
+    "fmha_bwd_prezero.hip": ["fmha_bwd_dq_acc_prezero"],
     "sleep.hip": ["spin_sleep"],
     "verify.hip": ["fill_u32", "checksum_u32"],
 }
@@ -44,9 +45,9 @@ def test_signatures_are_read_from_the_declaration() -> None:
         ("result", "ptr", False, 8),
     ]
     prep = parse_kernels(read_shipped("fmha_bwd_prepare.hip"))["fmha_bwd_prepare"]
-    assert [p.name for p in prep.params][:3] == ["seqstart_q", "seqstart_k", "workspace"]
-    assert all(p.type == "i32" for p in prep.params[3:])
-    assert len(prep.params) == 13 and prep.error is None
+    assert [p.name for p in prep.params][:4] == ["seqstart_q", "seqstart_k", "workspace", "result"]
+    assert all(p.type == "i32" for p in prep.params[4:])
+    assert len(prep.params) == 14 and prep.error is None
 
 
 def test_parsing_skips_comments_and_reports_unsupported_parameter_types() -> None:

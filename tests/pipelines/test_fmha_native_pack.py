@@ -1,4 +1,4 @@
-"""The FMHA host pack in C: the oracle's bytes, its argument checks, and its place in a pipeline."""
+"""The FMHA host pack in C: the oracle's bytes and result, its argument checks, and its place in a pipeline."""
 
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ from hypothesis import strategies as st
 import streamrt as srt
 from streamrt.recipes.fmha_bwd import (
     NativePack,
+    PrepareResult,
     WorkspaceParams,
     WorkspacePrepare,
     native_pack_available,
     pack_metadata_native,
     reference_metadata,
+    reference_result,
     workspace_size,
 )
 from streamrt.recipes.fmha_bwd.native import native_pack_unavailable_reason
@@ -35,6 +37,12 @@ def _seqstart(lengths: list[int], first: int = 0) -> np.ndarray:
     return np.concatenate([[first], first + np.cumsum(lengths, dtype=np.int64)]).astype(np.int32)
 
 
+def assert_oracles(p: WorkspaceParams, q: np.ndarray, k: np.ndarray) -> None:
+    record = np.full(16, 0xEE, np.uint8)
+    np.testing.assert_array_equal(pack_metadata_native(p, q, k, result=record), reference_metadata(p, q, k))
+    assert PrepareResult.from_record(record) == reference_result(p, q, k)
+
+
 @needs_native
 @settings(max_examples=300, deadline=None)
 @given(
@@ -49,16 +57,15 @@ def _seqstart(lengths: list[int], first: int = 0) -> np.ndarray:
 def test_random_inputs_give_the_oracles_bytes(
     data: st.DataObject, batch: int, nhead: int, kM0: int, kN0: int, num_cus: int, deterministic: bool
 ) -> None:
-    # Lengths up to a little past the limits, negative lengths now and then: the error blocks too.
+    # Lengths up to a little past the limits, negative lengths now and then: the idle images too.
     sq = data.draw(st.lists(st.integers(-1, 140), min_size=batch, max_size=batch))
     sk = data.draw(st.lists(st.integers(-1, 140), min_size=batch, max_size=batch))
     p = WorkspaceParams(
         batch=batch, nhead=nhead, hdim_q=data.draw(st.integers(1, 128)), kM0=kM0, kN0=kN0, num_cus=num_cus,
         deterministic=deterministic, max_seqlen_q=128, max_seqlen_k=128,
-        total_q_padded=data.draw(st.integers(0, 128 * batch)),
+        total_q_padded=data.draw(st.integers(0, 128 * batch + 50)),
     )  # fmt: skip
-    q, k = _seqstart(sq, data.draw(st.integers(0, 50))), _seqstart(sk)
-    np.testing.assert_array_equal(pack_metadata_native(p, q, k), reference_metadata(p, q, k))
+    assert_oracles(p, _seqstart(sq, data.draw(st.integers(0, 50))), _seqstart(sk, data.draw(st.integers(0, 5))))
 
 
 @needs_native
@@ -69,15 +76,13 @@ def test_large_batches_and_many_workers() -> None:
             batch=batch, nhead=16, hdim_q=128, kM0=64, kN0=64, num_cus=num_cus, deterministic=True,
             max_seqlen_q=4096, max_seqlen_k=4096, total_q_padded=4096 * batch,
         )  # fmt: skip
-        q = _seqstart(list(rng.integers(0, 4097, batch)))
-        k = _seqstart(list(rng.integers(0, 4097, batch)))
-        np.testing.assert_array_equal(pack_metadata_native(p, q, k), reference_metadata(p, q, k))
+        assert_oracles(p, _seqstart(list(rng.integers(0, 4097, batch))), _seqstart(list(rng.integers(0, 4097, batch))))
 
 
 @needs_native
-def test_extreme_invalid_lengths_give_the_error_block() -> None:
+def test_extreme_invalid_lengths_give_the_idle_image() -> None:
     # Lengths near 2**32 with one-row key blocks and many heads: the C code must neither overflow
-    # nor read past the arrays; the result is the oracle's error block.
+    # nor read past the arrays; the result is the oracle's idle image and status.
     p = WorkspaceParams(
         batch=2, nhead=2**19, hdim_q=1, kM0=1, kN0=1, num_cus=7, deterministic=True,
         max_seqlen_q=2**10, max_seqlen_k=2**10, total_q_padded=16,
@@ -85,7 +90,19 @@ def test_extreme_invalid_lengths_give_the_error_block() -> None:
     q = np.array([0, 5, 9], np.int32)
     k = np.array([-(2**31), 2**31 - 1, 2**31 - 1], np.int32)
     for kk, qq in ((k, q), (q, k), (k, k)):
-        np.testing.assert_array_equal(pack_metadata_native(p, qq, kk), reference_metadata(p, qq, kk))
+        assert_oracles(p, qq, kk)
+
+
+@needs_native
+def test_lengths_near_the_32_bit_limits_are_exact_and_flagged() -> None:
+    p = WorkspaceParams(
+        batch=2, nhead=1, hdim_q=1, kM0=64, kN0=128, num_cus=304, deterministic=True,
+        max_seqlen_q=2**31 - 1, max_seqlen_k=2**31 - 1, total_q_padded=2**31 - 1,
+    )  # fmt: skip
+    for q, k in (([0, 2**31 - 2, 2**31 - 1], [0, 1, 2**31 - 1]), ([0, 0, 2**31 - 1], [0, 2**31 - 200, 2**31 - 1])):
+        qq, kk = np.array(q, np.int32), np.array(k, np.int32)
+        assert reference_result(p, qq, kk).ck_int32_overflow
+        assert_oracles(p, qq, kk)
 
 
 P = WorkspaceParams(batch=2, nhead=2, hdim_q=8, kM0=16, kN0=16, num_cus=4, deterministic=True, max_seqlen_q=64, max_seqlen_k=64, total_q_padded=128)
@@ -100,15 +117,18 @@ def test_output_and_arguments_are_checked_before_the_c_code_runs() -> None:
         pack_metadata_native(P, q, q, out=np.zeros(P.metadata_region_bytes - 1, np.uint8))
     with pytest.raises(ValueError, match="contiguous"):
         pack_metadata_native(P, q, q, out=np.zeros(2 * P.metadata_region_bytes, np.uint8)[::2])
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        pack_metadata_native(P, q, q, out=np.zeros(P.metadata_region_bytes + 16, np.uint8)[1 : P.metadata_region_bytes + 1])
+    with pytest.raises(ValueError, match="result"):
+        pack_metadata_native(P, q, q, result=np.zeros(8, np.uint8))
     with pytest.raises(ValueError, match="int32"):
         pack_metadata_native(P, np.array([0, 1, 2**31], np.int64), q)
     with pytest.raises(TypeError, match="WorkspaceParams"):
         NativePack({"batch": 2}, 1, 1, 1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="non-null"):
-        NativePack(P, 0, 8, 8)
-    huge = WorkspaceParams(batch=1, nhead=2**20, hdim_q=2**20, kM0=1, kN0=1, num_cus=1, deterministic=False, max_seqlen_q=1, max_seqlen_k=1, total_q_padded=2**30)
-    with pytest.raises(ValueError, match="2\\*\\*62"):
-        NativePack(huge, 8, 8, 8)
+        NativePack(P, 0, 8, 16)
+    with pytest.raises(ValueError, match="aligned"):
+        NativePack(P, 8, 8, 16, 4)
     out = np.full(P.metadata_region_bytes, 0xEE, np.uint8)
     assert pack_metadata_native(P, q, q, out=out) is out
     np.testing.assert_array_equal(out, reference_metadata(P, q, q))  # every byte written
@@ -158,5 +178,7 @@ def test_a_native_pack_is_one_native_host_node(sim_rt: srt.Runtime) -> None:
         run.result(10)
         with pytest.raises(KeyError, match="not a Python host node"):
             run.host_result("pack")  # a native function returns nothing
-        np.testing.assert_array_equal(native.staging.view(128, P.metadata_region_bytes).numpy(np.uint8), reference_metadata(P, [0, 0, 0], [0, 0, 0]))
+        staged = native.staging.view(128, P.metadata_region_bytes + 16).numpy(np.uint8)
+        np.testing.assert_array_equal(staged[:-16], reference_metadata(P, [0, 0, 0], [0, 0, 0]))
+        assert native.result(s) == PrepareResult.from_record(staged[-16:]) == PrepareResult(0, 0, 0)
         s.close()

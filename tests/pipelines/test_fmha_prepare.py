@@ -1,6 +1,9 @@
-"""The FMHA backward workspace prepare on a device: every strategy uploads the reference metadata and zeroes dq_acc."""
+"""The FMHA backward workspace prepare on a device: every strategy and pack uploads CK's metadata image,
+reports the oracle's result, and zeroes what CK zeroes (the used prefix when deterministic, the bound otherwise)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -12,25 +15,28 @@ from support.transfer import download, upload
 import streamrt as srt
 from streamrt.recipes.fmha_bwd import (
     STATUS_SEQLEN_K_EXCEEDED,
+    DevicePrepare,
+    PrepareResult,
     WorkspaceInputError,
     WorkspaceParams,
     WorkspacePrepare,
     native_pack_available,
-    parse_metadata,
     prepare_workspace,
     prepare_workspace_sync,
     reference_metadata,
+    reference_result,
     workspace_size,
 )
 
 BATCH = 6
 PARAMS = WorkspaceParams(
-    batch=BATCH, nhead=3, hdim_q=16, kM0=32, kN0=32, num_cus=8, deterministic=True, max_seqlen_q=200, max_seqlen_k=200, total_q_padded=1200
+    batch=BATCH, nhead=3, hdim_q=16, kM0=32, kN0=32, num_cus=8, deterministic=True, max_seqlen_q=200, max_seqlen_k=200, total_q_padded=1300
 )
+FILL = 0xAB
 
 
-def seqstart(lengths: list[int] | np.ndarray) -> np.ndarray:
-    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+def seqstart(lengths: list[int] | np.ndarray, first: int = 0) -> np.ndarray:
+    return np.concatenate([[first], first + np.cumsum(lengths)]).astype(np.int32)
 
 
 class Setup:
@@ -44,10 +50,13 @@ class Setup:
         self.q = rt.device_allocator.allocate(n, stream=self.s)
         self.k = rt.device_allocator.allocate(n, stream=self.s)
         self.ws = rt.device_allocator.allocate(workspace_size(params), stream=self.s)
-        self.s.memset(self.ws, 0xAB)
+        self.fill()
 
-    def set_seqlens(self, sq: np.ndarray, sk: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        q, k = seqstart(sq), seqstart(sk)
+    def fill(self) -> None:
+        self.s.memset(self.ws, FILL)
+
+    def set_seqlens(self, sq: np.ndarray, sk: np.ndarray, q_first: int = 0, k_first: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        q, k = seqstart(sq, q_first), seqstart(sk, k_first)
         upload(self.rt, self.s, q, dst=self.q)
         upload(self.rt, self.s, k, dst=self.k)
         return q, k
@@ -58,21 +67,30 @@ class Setup:
             b.release()
         self.s.close()
 
+    def workspace(self) -> np.ndarray:
+        return download(self.rt, self.s, self.ws)
+
     def metadata(self) -> np.ndarray:
-        return download(self.rt, self.s, self.ws.view(0, self.params.metadata_region_bytes))
+        return self.workspace()[: self.params.metadata_region_bytes]
 
-    def dq_acc(self) -> np.ndarray:
+    def check(self, q: np.ndarray, k: np.ndarray) -> None:
+        """CK's image in the metadata region; dq_acc zero exactly where CK zeroes it, the pattern after."""
         p = self.params
-        return download(self.rt, self.s, self.ws.view(p.metadata_region_bytes, p.dq_acc_bound_bytes))
+        ws = self.workspace()
+        region = p.metadata_region_bytes
+        assert np.array_equal(ws[:region], reference_metadata(p, q, k))
+        zero = reference_result(p, q, k).dq_acc_used_bytes if p.deterministic else p.dq_acc_bound_bytes
+        assert (ws[region : region + zero] == 0).all(), "dq_acc not zeroed where CK zeroes it"
+        assert (ws[region + zero :] == FILL).all(), "dq_acc written past the used prefix"
 
 
-def _run(prep: WorkspacePrepare, s: srt.Stream, strategy: str) -> int | None:
-    """Run one prepare; ``dq_acc_used_bytes`` as the pack returned it (``None``: a native pack returns nothing)."""
+def _run(prep: WorkspacePrepare, s: srt.Stream, strategy: str) -> PrepareResult | None:
+    """Run one prepare; the result the pack returned (``None``: a native pack's eager runs return nothing)."""
     if strategy == "sync":
         return prep.run_sync(s)
     run = prep.replay(s) if strategy == "graph" else prep.launch(s, strategy)
     run.result(10)
-    return int(run.host_result("pack")) if prep.pack == "python" else None
+    return run.host_result("pack") if prep.pack == "python" else None
 
 
 STRATEGIES = ["stream", "fork", "graph", "sync"]
@@ -88,63 +106,118 @@ def pack(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.mark.parametrize("deterministic", [True, False])
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_every_strategy_uploads_the_reference_metadata_and_zeroes_dq_acc(rt: srt.Runtime, strategy: str, pack: str) -> None:
-    env = Setup(rt)
-    q, k = env.set_seqlens(np.array([5, 0, 200, 33, 1, 64]), np.array([40, 7, 0, 200, 1, 64]))
-    with WorkspacePrepare(rt, PARAMS, env.q, env.k, env.ws, pack=pack) as prep:
+def test_every_strategy_uploads_cks_image_and_zeroes_what_ck_zeroes(rt: srt.Runtime, strategy: str, pack: str, deterministic: bool) -> None:
+    params = dataclasses.replace(PARAMS, deterministic=deterministic)
+    env = Setup(rt, params)
+    q, k = env.set_seqlens(np.array([5, 0, 200, 33, 1, 64]), np.array([40, 7, 0, 200, 1, 64]), q_first=17)
+    with WorkspacePrepare(rt, params, env.q, env.k, env.ws, pack=pack) as prep:
         returned = _run(prep, env.s, strategy)
-    ref = reference_metadata(PARAMS, q, k)
-    assert np.array_equal(env.metadata(), ref)
-    used = parse_metadata(ref).dq_acc_used_bytes
-    assert used > 0 and returned in (used, None)
-    dq = env.dq_acc()
-    assert (dq[:used] == 0).all()
-    if strategy == "sync":
-        assert (dq[used:] == 0xAB).all()  # the baseline zeroes only the used region
-    else:
-        assert (dq == 0).all()  # the async pack zeroes the upper bound
+        assert prep.result(env.s) == reference_result(params, q, k)
+        assert [n.name for n in prep.pipeline.nodes][-1] == ("prezero" if deterministic else "h2d_meta")
+    expected = reference_result(params, q, k)
+    assert expected.ok and expected.dq_acc_used_bytes > 0 and returned in (expected, None)
+    env.check(q, k)
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("wait_for", ["stream", None])
+def test_fork_runs_the_round_trip_off_the_callers_stream(rt: srt.Runtime, deterministic: bool, wait_for: str | None) -> None:
+    """Under "fork" the round trip runs on a side stream: beside the memset (non-deterministic), or the whole
+    memset-free chain (deterministic), which then is not on the caller's stream at all."""
+    params = dataclasses.replace(PARAMS, deterministic=deterministic)
+    env = Setup(rt, params)
+    q, k = env.set_seqlens(np.array([5, 0, 200, 33, 1, 64]), np.array([40, 7, 0, 200, 1, 64]))
+    gate = Gate()
+    with WorkspacePrepare(rt, params, env.q, env.k, env.ws) as prep:
+        env.s.launch_host_func(gate)  # holds the caller's stream
+        try:
+            run = prep.launch(env.s, "fork", wait_for=wait_for, join=False)
+            assert (env.s in run.streams) != deterministic
+            assert not run.is_done
+        finally:
+            gate.open()
+        run.join(env.s)
+        run.result(10)
+    env.check(q, k)
 
 
 @pytest.mark.parametrize("strategy", ["stream", "fork", "graph"])
-def test_replays_with_changed_seqlens_give_the_new_metadata(rt: srt.Runtime, strategy: str, pack: str) -> None:
+def test_replays_with_changed_seqlens_give_the_new_image_and_zeroing(rt: srt.Runtime, strategy: str, pack: str) -> None:
     env = Setup(rt)
     rng = np.random.default_rng(3)
     with WorkspacePrepare(rt, PARAMS, env.q, env.k, env.ws, pack=pack) as prep:
-        for _ in range(8):
-            q, k = env.set_seqlens(rng.integers(0, 200, BATCH), rng.integers(0, 200, BATCH))
+        for i in range(8):
+            sk = rng.integers(0, 200, BATCH) * (i != 5)  # one round without keys: nothing used
+            q, k = env.set_seqlens(rng.integers(0, 200, BATCH), sk, k_first=i)
+            env.fill()
             _run(prep, env.s, strategy)
-            assert np.array_equal(env.metadata(), reference_metadata(PARAMS, q, k))
+            env.check(q, k)
+            assert prep.result(env.s) == reference_result(PARAMS, q, k)
         if strategy == "graph":
             assert prep.graph is not None and prep.graph.replays == 8
+
+
+def test_every_strategy_and_pack_writes_the_same_bytes_in_replays_with_changing_seqlens(rt: srt.Runtime) -> None:
+    """sync, stream, fork, graph (both packs), device and device_graph: one workspace each round, byte for byte."""
+    env = Setup(rt)
+    packs = ["python"] + (["native"] if native_pack_available() else [])
+    preps = {f"{st}/{pk}": (WorkspacePrepare(rt, PARAMS, env.q, env.k, env.ws, pack=pk), st) for st in STRATEGIES for pk in packs}
+    device = DevicePrepare(rt, PARAMS, env.q, env.k, env.ws)
+    rng = np.random.default_rng(24)
+    try:
+        for _ in range(3):
+            q, k = env.set_seqlens(rng.integers(0, 200, BATCH), rng.integers(0, 200, BATCH) * (rng.random(BATCH) > 0.3))
+            images = {}
+            for name, (prep, strategy) in preps.items():
+                env.fill()
+                _run(prep, env.s, strategy)
+                images[name] = env.workspace()
+            for name, run in (("device", device.launch), ("device_graph", device.replay)):
+                env.fill()
+                run(env.s).result(10)
+                images[name] = env.workspace()
+            env.check(q, k)
+            first = next(iter(images.values()))
+            assert all(np.array_equal(first, img) for img in images.values()), [n for n, img in images.items() if not np.array_equal(first, img)]
+    finally:
+        device.close()
+        for prep, _ in preps.values():
+            prep.close()
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     sq=st.lists(st.one_of(st.just(0), st.integers(0, 200)), min_size=BATCH, max_size=BATCH),
     sk=st.lists(st.one_of(st.just(0), st.integers(0, 200)), min_size=BATCH, max_size=BATCH),
+    q_first=st.sampled_from([0, 0, 50]),
     strategy=st.sampled_from(STRATEGIES),
 )
-def test_random_and_edge_case_seqlens_match_the_reference(sim_rt: srt.Runtime, sq: list[int], sk: list[int], strategy: str, pack: str) -> None:
+def test_random_and_edge_case_seqlens_match_the_oracle(
+    sim_rt: srt.Runtime, sq: list[int], sk: list[int], q_first: int, strategy: str, pack: str
+) -> None:
     env = Setup(sim_rt)
-    q, k = env.set_seqlens(np.array(sq), np.array(sk))
+    q, k = env.set_seqlens(np.array(sq), np.array(sk), q_first=q_first)
     with WorkspacePrepare(sim_rt, PARAMS, env.q, env.k, env.ws, pack=pack) as prep:
         _run(prep, env.s, strategy)
-    assert np.array_equal(env.metadata(), reference_metadata(PARAMS, q, k))
+    env.check(q, k)
     env.close()
 
 
 @pytest.mark.parametrize(
-    "batch, sq, sk",
+    "batch, sq, sk, k_first",
     [
-        (1, [0], [0]),  # batch 1, empty sequences
-        (1, [77], [0]),  # seqlen_k = 0
-        (4, [0, 0, 0, 0], [10, 20, 0, 30]),  # empty query sequences
-        (1024, None, None),  # batch 1024
+        (1, [0], [0], 0),  # batch 1, empty sequences
+        (1, [77], [0], 0),  # seqlen_k = 0
+        (3, [5, 9, 2], [0, 0, 0], 4),  # every seqlen_k = 0 with seqstart_k[0] != 0 (CK divides by zero)
+        (4, [0, 0, 0, 0], [10, 20, 0, 30], 0),  # empty query sequences
+        (4, [10, 20, 5, 9], [0, 20, 0, 30], 0),  # seqlen_k = 0 for some batches: nsplits 1 for them
+        (1024, None, None, 0),  # batch 1024
     ],
 )
 @pytest.mark.parametrize("strategy", ["fork", "graph"])
-def test_edge_cases(rt: srt.Runtime, batch: int, sq: list[int] | None, sk: list[int] | None, strategy: str, pack: str) -> None:
+def test_edge_cases(rt: srt.Runtime, batch: int, sq: list[int] | None, sk: list[int] | None, k_first: int, strategy: str, pack: str) -> None:
     rng = np.random.default_rng(batch)
     sq_arr = rng.integers(0, 64, batch) if sq is None else np.array(sq)
     sk_arr = rng.integers(0, 64, batch) if sk is None else np.array(sk)
@@ -153,38 +226,39 @@ def test_edge_cases(rt: srt.Runtime, batch: int, sq: list[int] | None, sk: list[
         max_seqlen_q=128, max_seqlen_k=128, total_q_padded=max(1, int(sq_arr.sum())),
     )  # fmt: skip
     env = Setup(rt, params)
-    q, k = env.set_seqlens(sq_arr, sk_arr)
+    q, k = env.set_seqlens(sq_arr, sk_arr, k_first=k_first)
     with WorkspacePrepare(rt, params, env.q, env.k, env.ws, pack=pack) as prep:
         _run(prep, env.s, strategy)
-    assert np.array_equal(env.metadata(), reference_metadata(params, q, k))
+        assert prep.result(env.s).ck_divide_by_zero == (k_first != 0)
+    env.check(q, k)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_invalid_seqlens_raise_and_upload_the_error_block(rt: srt.Runtime, strategy: str) -> None:
+def test_invalid_seqlens_raise_and_upload_the_idle_image(rt: srt.Runtime, strategy: str) -> None:
     env = Setup(rt)
-    env.set_seqlens(np.array([1, 1, 1, 1, 1, 1]), np.array([1, 1, 500, 1, 1, 1]))  # 500 > max_seqlen_k
+    q, k = env.set_seqlens(np.array([1, 1, 1, 1, 1, 1]), np.array([1, 1, 500, 1, 1, 1]))  # 500 > max_seqlen_k
     with WorkspacePrepare(rt, PARAMS, env.q, env.k, env.ws) as prep, pytest.raises(WorkspaceInputError) as info:
         _run(prep, env.s, strategy)
     assert info.value.status == STATUS_SEQLEN_K_EXCEEDED
-    meta = parse_metadata(env.metadata())
-    assert meta.status == STATUS_SEQLEN_K_EXCEEDED and meta.dq_acc_used_bytes == 0
+    env.check(q, k)  # the idle image, and the prezero zeroed nothing
+    assert reference_result(PARAMS, q, k).dq_acc_used_bytes == 0
 
 
 @pytest.mark.skipif(not native_pack_available(), reason="the C pack was not built")
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_invalid_seqlens_with_the_native_pack_upload_the_error_block(rt: srt.Runtime, strategy: str) -> None:
-    # A native host function cannot raise: the eager and graph runs succeed with the error block
-    # uploaded (as the device kernel does); the synchronous path reads the status and raises.
+def test_invalid_seqlens_with_the_native_pack_are_in_the_result(rt: srt.Runtime, strategy: str) -> None:
+    # A native host function cannot raise: the eager and graph runs succeed with the idle image
+    # uploaded and the status in the result record (as the device kernel does); the synchronous path raises.
     env = Setup(rt)
-    env.set_seqlens(np.array([1, 1, 1, 1, 1, 1]), np.array([1, 1, 500, 1, 1, 1]))
+    q, k = env.set_seqlens(np.array([1, 1, 1, 1, 1, 1]), np.array([1, 1, 500, 1, 1, 1]))
     with WorkspacePrepare(rt, PARAMS, env.q, env.k, env.ws, pack="native") as prep:
         if strategy == "sync":
             with pytest.raises(WorkspaceInputError):
                 _run(prep, env.s, strategy)
         else:
             assert _run(prep, env.s, strategy) is None
-    meta = parse_metadata(env.metadata())
-    assert meta.status == STATUS_SEQLEN_K_EXCEEDED and meta.dq_acc_used_bytes == 0
+        assert prep.result(env.s).status == STATUS_SEQLEN_K_EXCEEDED
+    env.check(q, k)
 
 
 def test_one_shot_prepare_keeps_its_staging_in_flight_until_the_run_completes(rt: srt.Runtime, pack: str) -> None:
@@ -196,14 +270,14 @@ def test_one_shot_prepare_keeps_its_staging_in_flight_until_the_run_completes(rt
         env.s.launch_host_func(gate)
         before = stats().in_flight_bytes
         run = prepare_workspace(rt, env.s, PARAMS, env.q, env.k, env.ws, strategy="stream", pack=pack)
-        staging = 2 * 64 + PARAMS.metadata_region_bytes
+        staging = 2 * 64 + PARAMS.metadata_region_bytes + 16
         assert stats().in_flight_bytes >= before + staging  # released by the recipe, still used by the stream
         assert not run.is_done
     finally:
         gate.open()
     run.result(10)
     eventually(lambda: stats().in_flight_bytes <= before)
-    assert np.array_equal(env.metadata(), reference_metadata(PARAMS, q, k))
+    env.check(q, k)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -211,9 +285,10 @@ def test_one_shot_prepare_for_every_strategy(rt: srt.Runtime, strategy: str) -> 
     env = Setup(rt)
     q, k = env.set_seqlens(np.array([3, 0, 9, 2, 2, 2]), np.array([0, 3, 9, 2, 2, 2]))
     done = prepare_workspace(rt, env.s, PARAMS, env.q, env.k, env.ws, strategy=strategy)
-    assert done.result(10) == parse_metadata(reference_metadata(PARAMS, q, k)).dq_acc_used_bytes or strategy != "sync"
-    assert np.array_equal(env.metadata(), reference_metadata(PARAMS, q, k))
-    assert prepare_workspace_sync(rt, env.s, PARAMS, env.q, env.k, env.ws) == parse_metadata(env.metadata()).dq_acc_used_bytes
+    expected = reference_result(PARAMS, q, k)
+    assert done.result(10) == (expected if strategy == "sync" else None)
+    env.check(q, k)
+    assert prepare_workspace_sync(rt, env.s, PARAMS, env.q, env.k, env.ws) == expected
     with pytest.raises(ValueError, match="strategy"):
         prepare_workspace(rt, env.s, PARAMS, env.q, env.k, env.ws, strategy="threads")
 
@@ -225,6 +300,8 @@ def test_bad_recipe_inputs(rt: srt.Runtime) -> None:
         WorkspacePrepare(rt, PARAMS, env.q, env.k, small)
     with pytest.raises(ValueError, match="batch \\+ 1"):
         WorkspacePrepare(rt, PARAMS, small, env.k, env.ws)
+    with pytest.raises(ValueError, match="overlaps the workspace"):
+        WorkspacePrepare(rt, PARAMS, env.ws.view(64, 28), env.k, env.ws)
     with pytest.raises(ValueError, match="device memory"):
         WorkspacePrepare(rt, PARAMS, rt.host_allocator.allocate(64), env.k, env.ws)
     with pytest.raises(TypeError):

@@ -1,20 +1,21 @@
 /* _pack_c.c: the FMHA backward workspace host pack as a native host function.
  *
- * streamrt_fmha_bwd_pack(void *args) writes the metadata region of layout.py (header, arrays,
- * zero padding up to region_bytes) from two int32 seqstart arrays in host memory: the bytes
- * of reference.reference_metadata, by the closed forms of reference.pack_metadata, in the
- * order of kernels/fmha_bwd_prepare.hip run by one thread. It calls no Python and no
- * HIP/CUDA and allocates nothing, so the driver's callback thread may run it directly (a
- * native host node: no GIL, no runtime worker); the seqstart staging and the metadata
- * output may be the same pinned block the pipeline's copies use.
+ * streamrt_fmha_bwd_pack(void *args) writes Composable Kernel's metadata region (layout.py: the
+ * arrays and zero padding up to region_bytes) and the 16-byte result record (result.py) from two
+ * int32 seqstart arrays in host memory: the bytes of reference.reference_metadata, by CK's own
+ * one-pass loop (FmhaBwdWorkspaceManager::PrepareWorkspace at rocm-libraries 40bda5c9), computed
+ * in int64 with CK's int32 hazards flagged. It calls no Python and no HIP/CUDA and allocates
+ * nothing, so the driver's callback thread may run it directly (a native host node: no GIL, no
+ * runtime worker); the seqstart staging and the outputs may be the same pinned block the
+ * pipeline's copies use.
  *
  * args points at ARGS_FIELDS int64 values (native.py builds them):
  *   batch, nhead, hdim_q, kM0, kN0, num_cus, deterministic, max_seqlen_q, max_seqlen_k,
- *   total_q_padded, seqstart_q address, seqstart_k address, metadata address.
- * The parameters are those of a validated WorkspaceParams whose workspace_bytes < 2**62 (so every
- * size below fits in int64); the output holds region_bytes.
- * Work: O(batch * nhead + num_cus * log(batch)). Scratch (each batch's first-unit weight
- * and index) lives in the offsets / nsplits arrays of the output until they are written.
+ *   total_q_padded, seqstart_q address, seqstart_k address, metadata address, result address
+ *   (0: no record).
+ * The parameters are those of a validated WorkspaceParams (workspace_bytes < 2**62 and
+ * nhead * ceil(max_seqlen_k / kN0) * (total_q_padded + batch * kM0) < 2**62, so every sum below
+ * fits in int64 for valid input; invalid input is never summed). Work: O(batch + num_cus).
  *
  * The module exports PACK_ADDRESS (the function's address) and ARGS_FIELDS.
  */
@@ -25,199 +26,148 @@
 
 enum {
     A_BATCH, A_NHEAD, A_HDIM_Q, A_KM0, A_KN0, A_NUM_CUS, A_DETERMINISTIC, A_MAX_SEQLEN_Q,
-    A_MAX_SEQLEN_K, A_TOTAL_Q_PADDED, A_SEQSTART_Q, A_SEQSTART_K, A_OUT, ARGS_FIELDS
+    A_MAX_SEQLEN_K, A_TOTAL_Q_PADDED, A_SEQSTART_Q, A_SEQSTART_K, A_OUT, A_RESULT, ARGS_FIELDS
 };
 
-#define META_MAGIC 0x4D574246u
-#define META_VERSION 1u
-#define HEADER_BYTES 128
 #define META_ALIGN 4096
+#define NUM_XCDS 8
+#define INT32_LIMIT INT64_C(2147483647)
 #define STATUS_NEGATIVE_LENGTH 1u
 #define STATUS_TOTAL_Q_EXCEEDED 2u
 #define STATUS_SEQLEN_K_EXCEEDED 4u
 #define STATUS_SEQLEN_Q_EXCEEDED 8u
+#define STATUS_NEGATIVE_SEQSTART 16u
+#define CK_INT32_OVERFLOW 1u
+#define CK_DIVIDE_BY_ZERO 2u
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; } /* a >= 0, b > 0 */
 static int64_t align_up(int64_t n, int64_t a) { return ceil_div(n, a) * a; }
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-typedef struct {
-    int64_t sq;    /* seqlen_q (negative for invalid input) */
-    int64_t sk;    /* seqlen_k */
-    int64_t nc;    /* key blocks, ceil(max(sk, 0) / kN0) */
-    int64_t w;     /* unit weight, roundup(max(sq, 1), kM0) */
-    int64_t units; /* nhead * nc */
-} batch_t;
-
-typedef struct {
-    const int32_t *ssq, *ssk;
-    int64_t nhead, kM0, kN0;
-} shape_t;
-
-static batch_t batch_at(const shape_t *s, int64_t b) {
-    batch_t r;
-    r.sq = (int64_t)s->ssq[b + 1] - (int64_t)s->ssq[b];
-    r.sk = (int64_t)s->ssk[b + 1] - (int64_t)s->ssk[b];
-    r.nc = ceil_div(max64(r.sk, 0), s->kN0);
-    r.w = ceil_div(max64(r.sq, 1), s->kM0) * s->kM0;
-    r.units = (int64_t)((uint64_t)s->nhead * (uint64_t)r.nc); /* wraps only for invalid lengths, never used then */
-    return r;
+/* CK's CuStateLogicalToOutput: the cu_state slot of logical CU c. */
+static int64_t cu_slot(int64_t c, int64_t n) {
+    const int64_t per = ceil_div(n, NUM_XCDS), tall = n % NUM_XCDS ? n % NUM_XCDS : NUM_XCDS, span = tall * per;
+    if (c < span) return (c % per) * NUM_XCDS + c / per;
+    const int64_t short_len = max64(per - 1, 1), r = c - span;
+    return (r % short_len) * NUM_XCDS + tall + r / short_len;
 }
 
-/* Workers touching one (batch, head) pair, maximized over the heads, for a batch whose first
- * unit starts at weight S (the kernel's srt_batch_splits; reference.py steps 3-4). */
-static int64_t batch_splits(int64_t S, int64_t nc, int64_t w, int64_t q, int64_t nhead) {
-    if (nc == 0) return 0;
-    if (w >= q) return nc;
-    const int64_t L = (nc - 1) * w, base = L / q + 1, s = L % q;
-    if (s == 0) return base;
-    const int64_t step = (nc * w) % q;
-    int64_t r = S % q;
-    for (int64_t h = 0; h < nhead; ++h) {
-        if (r >= q - s) return base + 1;
-        r += step;
-        if (r >= q) r -= q;
-    }
-    return base;
+/* One 32-byte cu_state record; int32 fields keep the low 32 bits of exact values. */
+static void put_cu(uint8_t *rec, int64_t w_lo, int64_t w_hi, int64_t ibatch, int64_t isplit, int64_t head, int64_t c_start) {
+    uint32_t *u = (uint32_t *)rec;
+    u[0] = (uint32_t)w_lo;
+    u[1] = (uint32_t)w_hi;
+    u[2] = (uint32_t)ibatch;
+    u[3] = (uint32_t)isplit;
+    u[4] = (uint32_t)head;
+    u[5] = (uint32_t)c_start;
 }
 
-/* Units whose starting weight is < x (x >= 0); starts / ustarts: each batch's first unit's
- * weight and index (exclusive prefix sums, non-decreasing). */
-static int64_t units_before(int64_t x, const int64_t *starts, const int32_t *ustarts, int64_t batch, const shape_t *s) {
-    int64_t lo = 0, hi = batch;
-    while (lo < hi) {
-        const int64_t mid = (lo + hi) / 2;
-        if (starts[mid] < x) lo = mid + 1;
-        else hi = mid;
-    }
-    if (lo == 0) return 0;
-    const batch_t bk = batch_at(s, lo - 1);
-    return (int64_t)ustarts[lo - 1] + min64(bk.units, ceil_div(x - starts[lo - 1], bk.w));
+static void put_batch(uint8_t *rec, int64_t sq_w, int64_t nc, int64_t ns) {
+    uint32_t *u = (uint32_t *)rec;
+    u[0] = (uint32_t)sq_w;
+    u[1] = (uint32_t)nc;
+    u[2] = (uint32_t)ns;
+}
+
+static void put_result(const int64_t *a, uint32_t status, uint32_t hazards, int64_t used) {
+    uint8_t *r = (uint8_t *)(intptr_t)a[A_RESULT];
+    if (r == NULL) return;
+    ((uint32_t *)r)[0] = status;
+    ((uint32_t *)r)[1] = hazards;
+    memcpy(r + 8, &used, 8);
 }
 
 static void streamrt_fmha_bwd_pack(void *user_data) {
     const int64_t *a = (const int64_t *)user_data;
-    const int64_t B = a[A_BATCH], H = a[A_NHEAD], HD = a[A_HDIM_Q], NCU = a[A_NUM_CUS];
+    const int64_t B = a[A_BATCH], H = a[A_NHEAD], HD = a[A_HDIM_Q], M0 = a[A_KM0], N0 = a[A_KN0], NCU = a[A_NUM_CUS];
     const int det = a[A_DETERMINISTIC] != 0;
-    const shape_t shape = {(const int32_t *)(intptr_t)a[A_SEQSTART_Q], (const int32_t *)(intptr_t)a[A_SEQSTART_K], H,
-                           a[A_KM0], a[A_KN0]};
-    const shape_t *s = &shape;
+    const int32_t *ssq = (const int32_t *)(intptr_t)a[A_SEQSTART_Q];
+    const int32_t *ssk = (const int32_t *)(intptr_t)a[A_SEQSTART_K];
     uint8_t *out = (uint8_t *)(intptr_t)a[A_OUT];
-    const int64_t nw = det ? NCU : 0;
 
-    const int64_t offsets_off = HEADER_BYTES;
-    const int64_t nsplits_off = offsets_off + 8 * (B + 1);
-    const int64_t wstart_off = align_up(nsplits_off + 4 * B, 8);
-    const int64_t wunits_off = wstart_off + 16 * nw;
-    const int64_t metadata_bytes = align_up(wunits_off + 4 * nw, 8);
-    const int64_t region_bytes = align_up(metadata_bytes, META_ALIGN);
-    const int64_t nsplits_bound = det ? ceil_div(a[A_MAX_SEQLEN_K], a[A_KN0]) : 1;
-    const int64_t bound_bytes = 4 * H * nsplits_bound * a[A_TOTAL_Q_PADDED] * HD;
+    /* layout.py MetadataLayout */
+    const int64_t offsets_off = align_up(4 * B, 16);
+    const int64_t cu_off = offsets_off + align_up(8 * (B + 1), 16);
+    const int64_t bs_off = cu_off + 32 * NCU;
+    const int64_t region = det ? align_up(bs_off + 16 * B, META_ALIGN) : META_ALIGN;
+    int32_t *nsplits = (int32_t *)out;
     int64_t *offsets = (int64_t *)(out + offsets_off);
-    int32_t *nsplits = (int32_t *)(out + nsplits_off);
-    int32_t *wstart = (int32_t *)(out + wstart_off);
-    int32_t *wunits = (int32_t *)(out + wunits_off);
+    memset(out, 0, (size_t)region);
 
-    memset(out, 0, (size_t)region_bytes);
-
-    /* Validation, and the total weight W and units U of the deterministic split. Only valid
-     * batches are summed (W is used only when every batch is): then sum(units) <= 2**31 by
-     * WorkspaceParams' bound and every w <= max_seqlen_q + kM0, so W fits in 63 bits. */
-    uint32_t status = 0;
-    int64_t W = 0, U = 0;
+    /* Validation (reference.check_seqstart), and the sums of the split over valid batches. */
+    uint32_t status = 0, hazards = 0;
+    uint64_t Wsum = 0; /* unsigned: wraps (harmlessly) only when some batch is invalid, and is then unused */
+    int64_t any_k = 0;
+    if (ssq[0] < 0 || ssk[0] < 0) status |= STATUS_NEGATIVE_SEQSTART;
+    if ((int64_t)ssq[B] > a[A_TOTAL_Q_PADDED]) status |= STATUS_TOTAL_Q_EXCEEDED;
     for (int64_t b = 0; b < B; ++b) {
-        const batch_t bb = batch_at(s, b);
-        const uint32_t bad = (bb.sq < 0 || bb.sk < 0 ? STATUS_NEGATIVE_LENGTH : 0) |
-                             (bb.sk > a[A_MAX_SEQLEN_K] ? STATUS_SEQLEN_K_EXCEEDED : 0) |
-                             (bb.sq > a[A_MAX_SEQLEN_Q] ? STATUS_SEQLEN_Q_EXCEEDED : 0);
+        const int64_t sq = (int64_t)ssq[b + 1] - ssq[b], sk = (int64_t)ssk[b + 1] - ssk[b];
+        const uint32_t bad = (sq < 0 || sk < 0 ? STATUS_NEGATIVE_LENGTH : 0) | (sk > a[A_MAX_SEQLEN_K] ? STATUS_SEQLEN_K_EXCEEDED : 0) |
+                             (sq > a[A_MAX_SEQLEN_Q] ? STATUS_SEQLEN_Q_EXCEEDED : 0);
         status |= bad;
-        if (det && !bad) {
-            W += bb.units * bb.w;
-            U += bb.units;
-        }
+        if (!det || bad) continue;
+        const int64_t sq_w = sq == 0 ? M0 : ceil_div(sq, M0) * M0;
+        Wsum += (uint64_t)H * (uint64_t)ceil_div(sk, N0) * (uint64_t)sq_w;
+        any_k |= sk > 0;
+        if ((sq > 0 && sq + M0 > INT32_LIMIT) || sk + N0 > INT32_LIMIT) hazards |= CK_INT32_OVERFLOW;
     }
-    if ((int64_t)s->ssq[B] - (int64_t)s->ssq[0] > a[A_TOTAL_Q_PADDED]) status |= STATUS_TOTAL_Q_EXCEEDED;
-    const int ok = status == 0;
-    const int split = ok && det && W > 0;
-    const int64_t q = split ? ceil_div(W, NCU) : 0;
-
-    /* Workers: worker i takes the units whose starting weight lies in [i*q, (i+1)*q). */
-    if (split) {
-        int64_t *starts = offsets; /* scratch until the offsets are written below */
-        int32_t *ustarts = nsplits;
-        int64_t S = 0, G = 0;
+    if (!det) {
+        nsplits[0] = 1;
+        put_result(a, status, 0, status ? 0 : 4 * H * (int64_t)ssq[B] * HD);
+        return;
+    }
+    if (status || !any_k) { /* the idle image (CK's all-seqlen_k = 0 short-circuit) */
         for (int64_t b = 0; b < B; ++b) {
-            const batch_t bb = batch_at(s, b);
-            starts[b] = S;
-            ustarts[b] = (int32_t)G;
-            S += bb.units * bb.w;
-            G += bb.units;
+            nsplits[b] = 1;
+            put_batch(out + bs_off + 16 * b, 0, 0, 1);
         }
-        for (int64_t i = 0; i < nw; ++i) {
-            const int64_t g = units_before(i * q, starts, ustarts, B, s);
-            const int64_t n = units_before(i * q + q, starts, ustarts, B, s) - g;
-            int32_t *e = wstart + 4 * i;
-            e[0] = e[1] = e[2] = e[3] = -1;
-            wunits[i] = (int32_t)n;
-            if (n == 0) continue;
-            int64_t lo = 0, hi = B; /* the batches whose first unit index is <= g */
-            while (lo < hi) {
-                const int64_t mid = (lo + hi) / 2;
-                if ((int64_t)ustarts[mid] <= g) lo = mid + 1;
-                else hi = mid;
-            }
-            const int64_t b = lo - 1;
-            const batch_t bb = batch_at(s, b);
-            const int64_t k = g - (int64_t)ustarts[b], h = k / bb.nc, j = k % bb.nc;
-            e[0] = (int32_t)b;
-            e[1] = (int32_t)(bb.w >= q ? j : i - (starts[b] + h * bb.nc * bb.w) / q);
-            e[2] = (int32_t)h;
-            e[3] = (int32_t)j;
-        }
-    } else {
-        for (int64_t i = 0; i < 4 * nw; ++i) wstart[i] = -1;
+        for (int64_t c = 0; c < NCU; ++c) put_cu(out + cu_off + 32 * c, 0, 0, B, 0, 0, 0);
+        /* Valid and keyless: with seqstart_k[batch] == 0 CK short-circuits before any per-batch
+         * arithmetic; otherwise it runs that arithmetic and divides by target_w = 0. */
+        uint32_t h = 0;
+        if (!status && ssk[B] != 0) h = hazards | CK_DIVIDE_BY_ZERO;
+        if (!status && a[A_MAX_SEQLEN_K] + N0 > INT32_LIMIT) h |= CK_INT32_OVERFLOW;
+        put_result(a, status, h, 0);
+        return;
     }
+    if (a[A_MAX_SEQLEN_K] + N0 > INT32_LIMIT) hazards |= CK_INT32_OVERFLOW;
 
-    /* nsplits and the offsets (prefix sums of fp32 elements); overwrites the scratch in order. */
-    int64_t S = 0, O = 0, nsplits_max = 0;
-    offsets[0] = 0;
+    /* CK's loop: batches in order, each emitting its CUs; a CU's w_hi is the next one's w_lo. */
+    const int64_t W = (int64_t)Wsum, target = ceil_div(W, NCU);
+    if (W > INT32_LIMIT || W + NCU > INT32_LIMIT || W + target > INT32_LIMIT) hazards |= CK_INT32_OVERFLOW;
+    int64_t cu_lo = 0, pb = 0, prev = -1;
     for (int64_t b = 0; b < B; ++b) {
-        const batch_t bb = batch_at(s, b);
-        const int64_t ns = !ok ? 0 : !det ? 1 : split ? batch_splits(S, bb.nc, bb.w, q, H) : 0;
-        if (split) S += bb.units * bb.w;
+        const int64_t sq = (int64_t)ssq[b + 1] - ssq[b], sk = (int64_t)ssk[b + 1] - ssk[b];
+        const int64_t sq_w = sq == 0 ? M0 : ceil_div(sq, M0) * M0, nc = ceil_div(sk, N0), hw = nc * sq_w;
+        const int64_t pb_next = pb + H * hw, cu_hi = min64(NCU, ceil_div(pb_next, target));
+        int64_t ns = 1;
+        for (int64_t c = cu_lo; c < cu_hi; ++c) { /* hw > 0 here: a batch without keys owns no CU */
+            const int64_t x = c * target, head = (x - pb) / hw, wc = x - pb - head * hw;
+            const int64_t c_start = ceil_div(wc, sq_w), denom = max64(sq_w, target);
+            const int64_t isplit = min64(ceil_div(wc, denom), nc - 1), w_lo = pb + head * hw + c_start * sq_w;
+            if (wc > 0 && wc + denom > INT32_LIMIT) hazards |= CK_INT32_OVERFLOW;
+            if (c_start < nc) ns = max64(ns, isplit + 1);
+            const int64_t slot = cu_slot(c, NCU);
+            put_cu(out + cu_off + 32 * slot, w_lo, 0, b, isplit, head, c_start);
+            if (prev >= 0) ((uint32_t *)(out + cu_off + 32 * prev))[1] = (uint32_t)w_lo;
+            prev = slot;
+        }
+        cu_lo = cu_hi;
         nsplits[b] = (int32_t)ns;
-        nsplits_max = max64(nsplits_max, ns);
-        O += H * ns * max64(bb.sq, 0) * HD;
-        offsets[b + 1] = O;
+        put_batch(out + bs_off + 16 * b, sq_w, nc, ns);
+        offsets[b + 1] = offsets[b] + H * ns * sq * HD;
+        pb = pb_next;
     }
-
-    uint32_t *h32 = (uint32_t *)out;
-    int64_t *h64 = (int64_t *)out;
-    h32[0] = META_MAGIC;
-    h32[1] = META_VERSION;
-    h32[2] = HEADER_BYTES;
-    h32[3] = status;
-    h32[4] = (uint32_t)B;
-    h32[5] = (uint32_t)H;
-    h32[6] = (uint32_t)HD;
-    h32[7] = (uint32_t)a[A_KM0];
-    h32[8] = (uint32_t)a[A_KN0];
-    h32[9] = (uint32_t)nw;
-    h32[10] = det ? 1u : 0u;
-    h32[11] = (uint32_t)nsplits_max;
-    h64[6] = 4 * O;                 /* dq_acc_used_bytes */
-    h64[7] = region_bytes;          /* dq_acc_offset_bytes */
-    h64[8] = bound_bytes;           /* dq_acc_bound_bytes */
-    h64[9] = split ? U : 0;         /* total_units */
-    h64[10] = split ? W : 0;        /* total_weight */
-    h64[11] = q;                    /* unit_quota */
-    h32[24] = (uint32_t)offsets_off;
-    h32[25] = (uint32_t)nsplits_off;
-    h32[26] = (uint32_t)wstart_off;
-    h32[27] = (uint32_t)wunits_off;
-    h32[28] = (uint32_t)metadata_bytes;
-    h32[29] = (uint32_t)region_bytes;
+    for (int64_t c = cu_lo; c < NCU; ++c) {
+        const int64_t slot = cu_slot(c, NCU);
+        put_cu(out + cu_off + 32 * slot, W, W, B, 0, 0, 0);
+        if (prev >= 0) ((uint32_t *)(out + cu_off + 32 * prev))[1] = (uint32_t)W;
+        prev = slot;
+    }
+    ((uint32_t *)(out + cu_off + 32 * prev))[1] = (uint32_t)W;
+    put_result(a, 0, hazards, 4 * offsets[B]);
 }
 
 static struct PyModuleDef pack_module = {

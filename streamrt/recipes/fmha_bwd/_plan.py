@@ -1,9 +1,10 @@
-"""What every prepare strategy object shares: its pipeline, its captured graph, closing."""
+"""What every prepare strategy object shares: its buffers' checks, its pipeline, its captured graph, closing."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from ..._buffer import DEVICE, Buffer
 from .layout import WorkspaceParams
 
 if TYPE_CHECKING:
@@ -12,9 +13,37 @@ if TYPE_CHECKING:
     from ..._graph import Graph
     from ..._pipeline import Pipeline
     from ..._run import Run
+    from ..._runtime import Runtime
     from ..._stream import Stream
 
-__all__ = ["PreparePlan"]
+__all__ = ["PreparePlan", "prepare_buffers"]
+
+
+def prepare_buffers(rt: Runtime, params: Any, seqstart_q: Any, seqstart_k: Any, workspace: Any) -> tuple[Buffer, Buffer, Buffer]:
+    """``(seqstart_q, seqstart_k, workspace)`` as Buffers of exactly the bytes a prepare touches.
+
+    Raises ``TypeError`` for params that are not :class:`WorkspaceParams`, ``ValueError`` for
+    host memory, short buffers, a workspace that is not 16-byte aligned (CK's requirement) or
+    seqstart inside the workspace (the prepare would overwrite it).
+    """
+    if not isinstance(params, WorkspaceParams):
+        raise TypeError(f"params must be WorkspaceParams, not {type(params).__name__}")
+    q, k, ws = rt.as_buffer(seqstart_q), rt.as_buffer(seqstart_k), rt.as_buffer(workspace)
+    for what, buf in (("seqstart_q", q), ("seqstart_k", k), ("workspace", ws)):
+        if buf.kind != DEVICE:
+            raise ValueError(f"{what} must be device memory, got {buf.kind}")
+    seq_bytes = 4 * (params.batch + 1)
+    for what, buf in (("seqstart_q", q), ("seqstart_k", k)):
+        if buf.nbytes < seq_bytes:
+            raise ValueError(f"{what} has {buf.nbytes} bytes; batch + 1 int32 need {seq_bytes}")
+    if ws.nbytes < params.workspace_bytes:
+        raise ValueError(f"workspace has {ws.nbytes} bytes; workspace_size(params) is {params.workspace_bytes}")
+    if ws.ptr % 16:
+        raise ValueError(f"the workspace must be 16-byte aligned, got address {ws.ptr:#x}")
+    for what, buf in (("seqstart_q", q), ("seqstart_k", k)):
+        if buf.ptr < ws.ptr + params.workspace_bytes and ws.ptr < buf.ptr + seq_bytes:
+            raise ValueError(f"{what} overlaps the workspace the prepare writes")
+    return q.view(0, seq_bytes), k.view(0, seq_bytes), ws.view(0, params.workspace_bytes)
 
 
 class PreparePlan:

@@ -1,48 +1,49 @@
 """The workspace prepare as a streamrt pipeline, with the old synchronous path beside it.
 
-The stream-async prepare (DESIGN §1, §8) is the pipeline::
+The stream-async prepare is the seed PR's ``prepare_workspace_async``, with dq_acc zeroed as
+Composable Kernel zeroes it::
 
-    zero_dq_acc:  memset(dq_acc region, 0)                      (caller's stream)
-    d2h_q, d2h_k: seqstart_q/k (device) -> pinned staging        \\
-    pack:         host: pack_metadata(staging) -> pinned metadata  } one chain (a side stream under "fork")
-    h2d_meta:     pinned metadata -> workspace metadata region    /
+    deterministic:      d2h_q -> d2h_k -> pack -> h2d_meta -> prezero
+    non-deterministic:  d2h_q -> d2h_k -> pack -> h2d_meta   ∥   zero_dq_acc (memset of the bound)
 
-Nothing in it blocks the host; the workspace size comes from
-:class:`~.layout.WorkspaceParams` alone. Staging is one pinned block from
-``rt.host_allocator``.
+    d2h_q, d2h_k: seqstart_q/k (device) -> pinned staging          (one chain; a side stream under "fork")
+    pack:         host: the metadata image + the result record into pinned staging
+    h2d_meta:     pinned metadata -> the workspace's metadata region
+    prezero:      kernel (fmha_bwd_prezero.hip, CK's DqAccPrezeroKernel): reads offsets[batch]
+                  from the uploaded metadata and zeroes exactly that many floats of dq_acc
+    zero_dq_acc:  memset of the whole dq_acc bound (CK's launcher memset)
 
-Zeroing. The host pack learns the used dq_acc size only when it runs, after
-every node has been enqueued, and a memset's size is fixed when it is
-enqueued (or captured). So the async pipeline zeroes the dq_acc *upper bound*
-(the whole region), which always covers the used prefix and runs on the
-device in parallel with the host round trip. The synchronous baseline knows
-the used size before it enqueues its memset and zeroes only
-``dq_acc_used_bytes``; so does a device-side pack kernel, which computes the
-size on the device.
+Nothing in it blocks the host; the workspace size comes from :class:`~.layout.WorkspaceParams`
+alone. Staging is one pinned block from ``rt.host_allocator``: ``seqstart_q | seqstart_k |
+metadata | result record``. In deterministic mode the host pack learns the used size only when
+it runs, after every node was enqueued: the prezero kernel reads it on the device, so nothing
+past the used prefix is written (the old pipeline zeroed the whole bound, up to 8x more).
 
 Strategies (:func:`prepare_workspace` and :class:`WorkspacePrepare`):
 
 * ``"stream"`` — the pipeline on the caller's stream (the seed's behaviour);
-* ``"fork"`` — the round trip on a pooled side stream, joined by an event;
+* ``"fork"`` — the round trip on a pooled side stream, joined by an event (non-deterministic:
+  ``Pipeline.launch``'s ``"fork"``, the memset on the caller's stream; deterministic: the whole
+  chain, memset-free, on the side stream);
 * ``"graph"`` — the pipeline captured once, replayed per prepare (each replay
   re-reads seqstart on the device and re-runs the pack);
-* ``"sync"`` — the old path: two blocking D2H copies (each drains the stream),
-  the pack on the calling thread, then memset(used bytes) and H2D enqueued;
-* ``"device"`` / ``"device_graph"`` — no host round trip: one kernel computes the
-  metadata and zeroes the used dq_acc on the device (:mod:`.device`), eager or captured.
+* ``"sync"`` — the old path: two blocking D2H copies (each drains the stream), the pack on
+  the calling thread, then memset (the used prefix, or the bound) and H2D enqueued;
+* ``"device"`` / ``"device_graph"`` — no host round trip (:mod:`.device`), eager or captured.
 
-Packs (``pack=``). ``"python"`` (the default) runs :func:`~.reference.pack_metadata`
-on a runtime worker: a Python host node, which costs the stream two host
-functions and holds the GIL while it packs. ``"native"`` runs the C pack of
-:mod:`.native` as a native host node on the driver's thread: one host function,
-no GIL, no runtime thread (it needs the C module, built by ``pip install``).
+Packs (``pack=``). ``"python"`` (the default) runs :func:`~.reference.pack_metadata` on a
+runtime worker: a Python host node, which costs the stream two host functions and holds the
+GIL while it packs. ``"native"`` runs the C pack of :mod:`.native` as a native host node on
+the driver's thread: one host function, no GIL, no runtime thread (it needs the C module,
+built by ``pip install``).
 
-Errors. Seqlens that do not fit the params (see ``STATUS_*``) make the pack
-write the error block (the kernel then touches nothing). The Python pack also
-raises :class:`~.layout.WorkspaceInputError`, which surfaces on the Run (and is
-raised directly by ``"sync"``); a native function cannot raise, so with
-``pack="native"`` only ``"sync"`` raises and the eager and graph strategies
-leave the status in the metadata, as the device kernel does.
+Result and errors. Every pack writes the result record (status, CK hazards, used bytes) beside
+the metadata; :meth:`WorkspacePrepare.result` reads it. Seqlens that do not fit the params make
+the pack write the idle image (the prezero then zeroes nothing). The Python pack also returns
+the :class:`~.result.PrepareResult` (``run.host_result("pack")``) and raises
+:class:`~.result.WorkspaceInputError` for invalid input, which surfaces on the Run (and is
+raised directly by ``"sync"``); a native function cannot raise, so with ``pack="native"`` only
+``"sync"`` raises.
 """
 
 from __future__ import annotations
@@ -51,15 +52,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..._buffer import DEVICE, Buffer
+from ..._buffer import Buffer
 from ..._completion import Completion
+from ..._event import Event
+from ..._kernel import library_for
 from ..._pipeline import Pipeline
 from ..._run import Run, record_tail
 from ..._streampool import pool_for
-from ._plan import PreparePlan
-from .layout import STATUS_OK, WorkspaceInputError, WorkspaceParams, parse_metadata
+from . import _kernels
+from ._plan import PreparePlan, prepare_buffers
+from .layout import WorkspaceParams
 from .native import NativePack, native_pack_unavailable_reason
-from .reference import pack_metadata
+from .reference import pack_into
+from .result import RESULT_BYTES, PrepareResult, WorkspaceInputError
 
 if TYPE_CHECKING:
     from ..._runtime import Runtime
@@ -75,19 +80,18 @@ def _align(n: int, a: int) -> int:
     return -(-n // a) * a
 
 
-def _pack(params: WorkspaceParams, seqstart_q: np.ndarray, seqstart_k: np.ndarray, out: np.ndarray) -> int:
-    """The host node: seqstart staging -> metadata block. Returns ``dq_acc_used_bytes``.
+def _pack(params: WorkspaceParams, seqstart_q: np.ndarray, seqstart_k: np.ndarray, out: np.ndarray, record: np.ndarray) -> PrepareResult:
+    """The host node: seqstart staging -> metadata image and result record. Returns the result.
 
     Takes numpy views of the pinned staging made when the pipeline was built,
     so a one-shot prepare may release its staging right after the enqueue
     (the allocator keeps the memory until the stream has passed the prepare).
-    Raises :class:`WorkspaceInputError` (after writing the error block) for invalid seqlens.
+    Raises :class:`WorkspaceInputError` (after writing the idle image) for invalid seqlens.
     """
-    pack_metadata(params, seqstart_q, seqstart_k, out=out)
-    status = int(out[12:16].view("<u4")[0])
-    if status != STATUS_OK:
-        raise WorkspaceInputError(status)
-    return int(out[48:56].view("<i8")[0])
+    result = pack_into(params, seqstart_q.astype(np.int64), seqstart_k.astype(np.int64), out)
+    result.write_record(record)
+    result.raise_for_status()
+    return result
 
 
 class WorkspacePrepare(PreparePlan):
@@ -97,63 +101,69 @@ class WorkspacePrepare(PreparePlan):
         rt: the runtime.
         params: workspace parameters.
         seqstart_q, seqstart_k: device buffers of ``batch + 1`` int32 each.
-        workspace: a device buffer of at least ``workspace_size(params)`` bytes.
+        workspace: a 16-byte aligned device buffer of at least ``workspace_size(params)`` bytes.
         pack: ``"python"`` or ``"native"`` (the module docstring); ``"native"``
             raises ``RuntimeError`` when the C pack was not built.
 
     Build once, launch per step: :meth:`launch` (``"stream"``/``"fork"``),
     :meth:`replay` (``"graph"``; captures on first use), :meth:`run_sync`
     (the baseline). Launching again while an earlier prepare is in flight is
-    safe (launches of one prepare are serialized). :meth:`close` releases
-    the staging (reuse waits for the streams) and the graph.
+    safe (launches of one prepare are serialized). In deterministic mode the
+    prezero kernel is compiled (or loaded from the kernel cache) here.
+    :meth:`close` releases the staging (reuse waits for the streams) and the graph.
     """
 
     def __init__(
         self, rt: Runtime, params: WorkspaceParams, seqstart_q: Any, seqstart_k: Any, workspace: Any, *, pack: str = "python"
     ) -> None:
-        if not isinstance(params, WorkspaceParams):
-            raise TypeError(f"params must be WorkspaceParams, not {type(params).__name__}")
         if pack not in PACKS:
             raise ValueError(f"unknown pack {pack!r}: use 'python' or 'native'")
         if pack == "native" and native_pack_unavailable_reason() is not None:
             raise RuntimeError(f"pack='native' is not available: {native_pack_unavailable_reason()}")
-        q = rt.as_buffer(seqstart_q)
-        k = rt.as_buffer(seqstart_k)
-        ws = rt.as_buffer(workspace)
-        seq_bytes = 4 * (params.batch + 1)
-        for what, buf in (("seqstart_q", q), ("seqstart_k", k), ("workspace", ws)):
-            if buf.kind != DEVICE:
-                raise ValueError(f"{what} must be device memory, got {buf.kind}")
-        if q.nbytes < seq_bytes or k.nbytes < seq_bytes:
-            raise ValueError(f"seqstart_q/k need {seq_bytes} bytes (batch + 1 int32), got {q.nbytes} and {k.nbytes}")
-        if ws.nbytes < params.workspace_bytes:
-            raise ValueError(f"workspace has {ws.nbytes} bytes; workspace_size(params) is {params.workspace_bytes}")
+        q, k, ws = prepare_buffers(rt, params, seqstart_q, seqstart_k, workspace)
+        prezero = library_for(rt).get("fmha_bwd_dq_acc_prezero") if params.deterministic else None
         self._rt = rt
-        self._params = params
         region = params.metadata_region_bytes
+        seq_bytes = q.nbytes
         seq_slot = _align(seq_bytes, 64)
-        self._staging = rt.host_allocator.allocate(2 * seq_slot + region)
+        self._staging = rt.host_allocator.allocate(2 * seq_slot + region + RESULT_BYTES)
         stage_q = self._staging.view(0, seq_bytes)
         stage_k = self._staging.view(seq_slot, seq_bytes)
         meta = self._staging.view(2 * seq_slot, region)
+        self._record = self._staging.view(2 * seq_slot + region, RESULT_BYTES)
         self._meta_host = meta
         self._stage = (stage_q, stage_k)
-        self._arrays = (stage_q.numpy(np.int32), stage_k.numpy(np.int32), meta.numpy(np.uint8))
+        self._arrays = (stage_q.numpy(np.int32), stage_k.numpy(np.int32), meta.numpy(np.uint8), self._record.numpy(np.uint8))
         self._dq_acc = ws.view(region, params.dq_acc_bound_bytes)
         self._meta_dev = ws.view(0, region)
-        self._seq = (q.view(0, seq_bytes), k.view(0, seq_bytes))
-        self._native = NativePack(params, stage_q.ptr, stage_k.ptr, meta.ptr) if pack == "native" else None
+        self._seq = (q, k)
+        self._native = NativePack(params, stage_q.ptr, stage_k.ptr, meta.ptr, self._record.ptr) if pack == "native" else None
         p = Pipeline(f"fmha_bwd_prepare[batch={params.batch}]")
-        p.memset(self._dq_acc, 0, name="zero_dq_acc")
-        d2h_q = p.copy(dst=stage_q, src=self._seq[0], name="d2h_q")
+        if prezero is None:
+            p.memset(self._dq_acc, 0, name="zero_dq_acc")
+        d2h_q = p.copy(dst=stage_q, src=q, name="d2h_q")
         # A declared edge keeps both small copies on one chain (one side stream under "fork").
-        p.copy(dst=stage_k, src=self._seq[1], after=[d2h_q], name="d2h_k")
+        p.copy(dst=stage_k, src=k, after=[d2h_q], name="d2h_k")
+        written = [meta, self._record]
         if self._native is not None:
-            p.host(self._native.function, self._native.args, reads=[stage_q, stage_k], writes=[meta], name="pack")
+            p.host(self._native.function, self._native.args, reads=[stage_q, stage_k], writes=written, name="pack")
         else:
-            p.host(_pack, params, *self._arrays, reads=[stage_q, stage_k], writes=[meta], name="pack")
+            p.host(_pack, params, *self._arrays, reads=[stage_q, stage_k], writes=written, name="pack")
         p.copy(dst=self._meta_dev, src=meta, name="h2d_meta")
-        super().__init__(params, p)  # 5 nodes: memset ∥ D2H q → D2H k → pack → H2D
+        if prezero is not None:
+            count_offset, dq_offset, max_count = _kernels.prezero_args(params)
+            grid = _kernels.prezero_grid(params.dq_acc_bound_bytes, rt.capabilities.multiprocessor_count)
+            # It reads offsets[batch], which h2d_meta writes: the edge is inferred.
+            p.kernel(
+                prezero,
+                grid,
+                (_kernels.PREZERO_THREADS, 1, 1),
+                [ws, count_offset, dq_offset, max_count],
+                reads=[ws.view(count_offset, 8)],
+                writes=[self._dq_acc],
+                name="prezero",
+            )
+        super().__init__(params, p)  # 5 nodes
 
     @property
     def pack(self) -> str:
@@ -162,7 +172,7 @@ class WorkspacePrepare(PreparePlan):
 
     @property
     def staging(self) -> Buffer:
-        """The pinned staging block (seqstart q | seqstart k | metadata)."""
+        """The pinned staging block (seqstart q | seqstart k | metadata | result record)."""
         return self._staging
 
     def launch(self, stream: Stream, strategy: str = "stream", **launch_options: Any) -> Run:
@@ -170,16 +180,51 @@ class WorkspacePrepare(PreparePlan):
         self._check_open()
         if strategy not in ("stream", "fork"):
             raise ValueError(f"launch takes strategy 'stream' or 'fork', got {strategy!r} (use replay() or run_sync())")
+        if strategy == "fork" and self._params.deterministic:
+            return self._launch_aside(stream, **launch_options)
         return self._pipeline.launch(stream, policy=strategy, **launch_options)
 
-    def run_sync(self, stream: Stream) -> int:
-        """The old synchronous path; returns ``dq_acc_used_bytes``. Blocks the host twice.
+    def _launch_aside(self, stream: Stream, *, wait_for: str | Event | None = "stream", join: bool = True) -> Run:
+        """``"fork"`` of the deterministic prepare. Its pipeline is one chain, which ``Pipeline.launch``
+        under ``"fork"`` would keep on the caller's stream (the first branch stays there); so the
+        chain runs on one pooled side stream, ordered as ``"fork"`` orders a side branch: after
+        ``stream`` (``wait_for="stream"``), after an event, or at once (``None``); ``join`` makes
+        ``stream`` wait for it."""
+        if not (wait_for is None or wait_for == "stream" or isinstance(wait_for, Event)):
+            raise TypeError("wait_for must be 'stream', an Event or None")
+        pool = pool_for(self._rt)
+        (side,) = pool.acquire_streams(1, stream.priority)
+        entry: Event | None = None
+        try:
+            if wait_for == "stream":
+                entry = pool.acquire_event()
+                stream.record(entry)
+                side.wait(entry)
+            elif isinstance(wait_for, Event):
+                side.wait(wait_for)
+            run = self._pipeline.launch(side)
+            if join:
+                run.join(stream)
+        finally:
+            if entry is not None:
+                pool.release_event(entry)
+            pool.release_streams([side], stream.priority)
+        return run
 
-        Two D2H copies, each followed by ``stream.synchronize()`` (draining
-        the stream, as ``hipMemcpy`` does), the pack (this prepare's) on this thread, then
-        memset(used dq_acc bytes) and the H2D enqueued on ``stream``.
-        Raises :class:`WorkspaceInputError` for invalid seqlens (after
-        uploading the error block).
+    def result(self, stream: Stream) -> PrepareResult:
+        """Blocking: wait for ``stream`` (the prepare's), then decode the result record of the latest prepare."""
+        self._check_open()
+        stream.synchronize()
+        return PrepareResult.from_record(self._arrays[3])
+
+    def run_sync(self, stream: Stream) -> PrepareResult:
+        """The old synchronous path; returns the prepare's result. Blocks the host twice.
+
+        Two D2H copies, each followed by ``stream.synchronize()`` (draining the stream, as
+        ``hipMemcpy`` does), the pack (this prepare's) on this thread, then the memset of
+        what CK zeroes (the used prefix in deterministic mode, knowable now; else the bound)
+        and the H2D enqueued on ``stream``. Raises :class:`WorkspaceInputError` for invalid
+        seqlens (after uploading the idle image).
         """
         self._check_open()
         stage_q, stage_k = self._stage
@@ -190,19 +235,20 @@ class WorkspacePrepare(PreparePlan):
             stream.synchronize()
             stream.copy(stage_k, self._seq[1])
             stream.synchronize()
-            q_arr, k_arr, out = self._arrays
+            q_arr, k_arr, out, record = self._arrays
             if self._native is not None:
                 self._native()
             else:
-                pack_metadata(self._params, q_arr, k_arr, out=out)
-            meta = parse_metadata(out)
-            stream.memset(self._dq_acc, 0, meta.dq_acc_used_bytes)
+                pack_into(self._params, q_arr.astype(np.int64), k_arr.astype(np.int64), out).write_record(record)
+            result = PrepareResult.from_record(record)
+            zero = result.dq_acc_used_bytes if self._params.deterministic else self._params.dq_acc_bound_bytes
+            stream.memset(self._dq_acc, 0, zero)
             stream.copy(self._meta_dev, self._meta_host)
             # A later launch must not overwrite the staging before this H2D has read it.
             pool = pool_for(self._rt)
             chain.last = Run(self._pipeline.name, "sync", (stream,), [], [record_tail(stream, pool, None)], pool)
-        meta.raise_for_status()
-        return meta.dq_acc_used_bytes
+        result.raise_for_status()
+        return result
 
     def _release(self) -> None:
         """Release the staging (its reuse waits for the streams that used it)."""
@@ -220,7 +266,8 @@ def prepare_workspace(
     *,
     pack: str = "python",
 ) -> Completion:
-    """One prepare of ``workspace`` on ``stream``; returns its Run (or, for ``"sync"``, a resolved Completion).
+    """One prepare of ``workspace`` on ``stream``; returns its Run (or, for ``"sync"``, a Completion resolved
+    with the :class:`~.result.PrepareResult`).
 
     Builds a :class:`WorkspacePrepare`, launches it once and closes it at
     once: the staging is released right after the enqueue, and the caching
@@ -249,7 +296,7 @@ def prepare_workspace(
 
 def prepare_workspace_sync(
     rt: Runtime, stream: Stream, params: WorkspaceParams, seqstart_q: Any, seqstart_k: Any, workspace: Any
-) -> int:
-    """The old synchronous prepare (see :meth:`WorkspacePrepare.run_sync`); returns ``dq_acc_used_bytes``."""
+) -> PrepareResult:
+    """The old synchronous prepare (see :meth:`WorkspacePrepare.run_sync`); returns its :class:`~.result.PrepareResult`."""
     with WorkspacePrepare(rt, params, seqstart_q, seqstart_k, workspace) as prep:
         return prep.run_sync(stream)

@@ -60,6 +60,12 @@ inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v)
     return old;
 }
 
+inline int atomicMax(int* p, int v) {
+    const int old = *p;  // one OS thread: no race
+    if (v > old) *p = v;
+    return old;
+}
+
 // The device clocks: srt_host_cycles() counts nanoseconds; srt_host_timer_ns() is the same clock
 // advancing in steps of srt_emu_timer_step_ns (1: every nanosecond), like a coarse %globaltimer.
 inline unsigned long long srt_emu_timer_step_ns = 1;
