@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ._runtime import Runtime
     from ._stream import Stream
 
-__all__ = ["Allocator", "AllocatorStatistics", "RawAllocator", "release_after_streams"]
+__all__ = ["Allocator", "AllocatorStatistics", "RawAllocator", "after_device_sync", "release_after_streams"]
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def release_after_streams(runtime: Runtime, streams: AbstractSet[Stream], then: 
     """
     live = [s for s in streams if not s.is_closed]
     if len(live) != len(streams):
-        runtime.releaser.submit(_after_device_sync, runtime, then)
+        runtime.releaser.submit(after_device_sync, runtime, then)
         return
     if not live:
         then()
@@ -82,7 +82,8 @@ def release_after_streams(runtime: Runtime, streams: AbstractSet[Stream], then: 
         engine.completion_for_stream(s.handle).add_done_callback(one_done)
 
 
-def _after_device_sync(runtime: Runtime, then: Callable[[], None]) -> None:
+def after_device_sync(runtime: Runtime, then: Callable[[], None]) -> None:
+    """On the releaser thread: wait for the whole device (unless the runtime closed), then call ``then()``."""
     if not runtime.is_closed:
         backend = runtime.backend
         if runtime._multi_device:  # normally the releaser thread; inline once the releaser has closed

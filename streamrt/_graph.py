@@ -45,7 +45,6 @@ from typing import TYPE_CHECKING, Any
 
 from ._backends.protocol import CaptureMode
 from ._buffer import Buffer
-from ._completion import Completion, DeferredWakes
 from ._errors import CaptureError, ClosedError
 from ._pipeline_deps import ForkPlan, hazards, plan_fork, topological_order
 from ._pipeline_nodes import (
@@ -57,7 +56,8 @@ from ._pipeline_nodes import (
     enqueue_plan,
     graph_node_names,
 )
-from ._run import Run, RunChain, record_tail
+from ._hostcall import HostRequest
+from ._run import Run, RunChain, serialize_after
 from ._stream import Stream, holding
 from ._streampool import pool_for
 
@@ -74,7 +74,7 @@ class _GraphState:
     ``node_names``: the pipeline node behind each graph node, by graph node index (for traces).
     """
 
-    __slots__ = ("buffers", "destroyed", "exec", "keep", "lock", "node_names", "pending", "retiring", "runtime", "slots")
+    __slots__ = ("destroyed", "exec", "keep", "lock", "node_names", "pending", "retiring", "roots", "runtime", "slots")
 
     def __init__(
         self, runtime: Runtime, exec_handle: int, slots: list[tuple[str, HostSlot]], nodes: list[Node], node_names: tuple[str, ...]
@@ -84,18 +84,15 @@ class _GraphState:
         self.slots = slots
         self.node_names = node_names
         self.keep: tuple[Any, ...] | None = tuple(x for n in nodes for x in n.keepalive())
-        self.buffers = tuple({id(b): b for n in nodes for b in n.buffers()}.values())
+        # the root buffers (views resolved to the buffer they view), each once
+        self.roots = tuple({id(r): r for r in (b.base for n in nodes for b in n.buffers())}.values())
         self.pending = 0
         self.retiring = False
         self.lock = threading.Lock()
         self.destroyed = False
 
-    def replay_done(self, completion: Completion) -> None:
+    def replay_done(self, _run: Run) -> None:
         """One replay passed its tail: on its completion lane, or on the thread of an await that polled it."""
-        exc = completion.exception(0)
-        if exc is not None:
-            for _, slot in self.slots:
-                slot.fail_armed(exc)
         with self.lock:
             self.pending -= 1
             destroy = self.retiring and self.pending == 0 and not self.destroyed
@@ -300,25 +297,31 @@ class Graph:
         """
         if not isinstance(stream, Stream):
             raise TypeError(f"Graph.launch takes a streamrt Stream, not {type(stream).__name__}")
-        stream._check_open()
-        if stream._runtime is not self._runtime:
+        rt = self._runtime
+        if stream._runtime is not rt:
             raise ValueError("the stream belongs to another runtime than the graph")
-        backend = self._runtime.backend
-        with DeferredWakes(), stream._lock, self._chain.lock, self._lock:  # the stream's lock first: see Stream.lock
+        backend = rt._backend
+        chain = self._chain
+        with stream._lock, chain.lock, self._lock:  # the stream's lock first: see Stream.lock
             if stream._closed:
                 stream._check_open()
             state = self._state
             if state is None:
                 raise ClosedError(f"graph {self._name!r} is closed")
+            for b in state.roots:
+                if b._released:
+                    raise ValueError(f"graph {self._name!r} uses a released buffer ({b!r}); rebind it with update() first")
             if backend.stream_is_capturing(stream._handle):
                 raise CaptureError(f"{stream.name} is capturing: a graph is replayed on a stream that is not capturing")
-            for b in state.buffers:
-                root = b._base if b._base is not None else b
-                if root._released:
-                    raise ValueError(f"graph {self._name!r} uses a released buffer ({b!r}); rebind it with update() first")
-            self._chain.wait_previous((stream,))
-            armed = [(name, slot.arm()) for name, slot in state.slots]
-            tracer = self._runtime._tracer
+            prev = chain.last
+            if prev is not None and not prev._done:
+                serialize_after(prev, (stream,))
+            armed = []
+            for name, slot in state.slots:  # armed before the launch: replays match runs FIFO
+                req = HostRequest(None, ())
+                slot._push(req)
+                armed.append((name, req))
+            tracer = rt._tracer
             try:
                 if tracer is None:
                     backend.graph_launch(state.exec, stream._handle)
@@ -332,24 +335,25 @@ class Graph:
                         pipeline=self._name,
                         node_names=state.node_names,
                     )
-            except BaseException as exc:
-                for (_, c), (_, slot) in zip(armed, state.slots):
-                    slot.disarm(c, exc)
+            except BaseException:
+                for (_, req), (_, slot) in zip(armed, state.slots):
+                    slot.disarm(req)
                 raise
-            for b in state.buffers:
-                b.note_stream(stream)
+            for b in state.roots:  # noted once per root buffer (see Buffer.note_stream)
+                used = b._streams
+                if used is None:
+                    b._streams = {stream}
+                elif stream not in used:
+                    used.add(stream)
             with state.lock:
                 state.pending += 1
-            pool = pool_for(self._runtime)
             try:
-                tail = record_tail(stream, pool, state)
+                run = Run(self._name, "graph", (stream,), tuple(armed), state, rt._engine, (stream,), after=state.replay_done)
             except BaseException:
                 with state.lock:
                     state.pending -= 1
                 raise
-            tail[2].add_done_callback(state.replay_done)
-            run = Run(self._name, "graph", (stream,), armed, [tail], pool)
-            self._chain.last = run
+            chain.last = run
             self._replays += 1
             return run
 

@@ -176,16 +176,27 @@ class HostRequest:
     ``done``). ``committed``: everything the call enqueues is enqueued; until
     then (or until it is abandoned) the worker does not run ``fn``, even if
     the driver already woke it for the call.
+
+
+    ``completion``: the call's own Completion (an eager ``launch_host_func``),
+    resolved by the lane; ``None`` for a host node of a pipeline launch or a
+    graph replay, whose ``owner`` (the Run) reads the outcome when its tail
+    retires.
     """
 
-    __slots__ = ("abandoned", "args", "committed", "completion", "exc", "finished", "fn", "post_done", "ran", "ticket", "value")
+    __slots__ = (
+        "abandoned", "args", "committed", "completion", "exc", "finished", "fn", "owner", "post_done", "ran", "ticket", "value",
+        "worker",
+    )
 
     def __init__(
-        self, fn: Callable[..., Any] | None, args: tuple[Any, ...], completion: Completion, *, committed: bool = True
+        self, fn: Callable[..., Any] | None, args: tuple[Any, ...], completion: Completion | None = None, *, committed: bool = True
     ) -> None:
         self.fn = fn
         self.args = args
         self.completion = completion
+        self.owner: Any = None  # the Run that collects the outcome (pipeline and graph host nodes)
+        self.worker: _Worker | None = None  # the channel or slot that runs it (set when pushed)
         self.committed = committed
         self.abandoned = False
         self.finished = False
@@ -194,6 +205,33 @@ class HostRequest:
         self.ticket = 0
         self.value: Any = None
         self.exc: BaseException | None = None
+
+    @property
+    def is_done(self) -> bool:
+        """Its outcome is final: its Completion, or its owner, resolved."""
+        done = self.completion if self.completion is not None else self.owner
+        return done is not None and done._done
+
+    @property
+    def _resolved_ns(self) -> int:
+        done = self.completion if self.completion is not None else self.owner
+        return 0 if done is None else done._resolved_ns
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for :attr:`is_done` (the tracer reads outcomes this way)."""
+        done = self.completion if self.completion is not None else self.owner
+        if done is not None:
+            done.wait(timeout)
+
+    def outcome(self, error: BaseException | None) -> tuple[Any, BaseException | None]:
+        """``(value, exception)`` once the stream passed the call (``error``: the stream failed first)."""
+        if self.ran:
+            value, exc = self.value, self.exc
+            self.value = self.exc = None
+            return value, exc
+        if error is None:
+            error = RuntimeError("the stream passed a Python host call that never ran")
+        return None, error
 
 
 class HostWorkEstimates:
@@ -252,6 +290,8 @@ class _Worker:
         self._engine = engine
         self.ready = Semaphore(0)
         self.done = Semaphore(0)
+        self._ready_address = self.ready.address  # what the enqueued host functions name
+        self._done_address = self.done.address
         self._queue: collections.deque[HostRequest] = collections.deque()
         self._cond = threading.Condition(threading.Lock())
         self._in_flight = 0  # requests not finished (guarded by _cond)
@@ -280,10 +320,20 @@ class _Worker:
 
     # -- bookkeeping -----------------------------------------------------------
     def _push(self, req: HostRequest) -> None:
+        """Queue ``req`` for the worker (started on first use); count it in flight."""
+        if not self._started:
+            self._start()
+        req.worker = self
         with self._cond:
             self._queue.append(req)
             self._in_flight += 1
-        self._engine._python_call_started()
+        engine = self._engine
+        with engine._lock:  # as engine._python_call_started(), inline: a launch's path
+            engine._python_in_flight += 1
+            interval = engine._switch_interval
+            if engine._python_in_flight == 1 and interval is not None and not engine._holds_guard:
+                engine._holds_guard = True
+                switch_interval_guard.acquire(interval)
 
     def _finish(self, req: HostRequest) -> None:
         with self._cond:
@@ -296,8 +346,9 @@ class _Worker:
             if self._in_flight == 0:
                 self._cond.notify_all()
 
-    def abandon(self, req: HostRequest, exc: BaseException) -> None:
-        """The stream failed before ``req`` ran (or the call could not be enqueued): resolve it with ``exc``, never run it."""
+    def abandon(self, req: HostRequest, exc: BaseException, *, resolve: bool = True) -> None:
+        """The stream failed before ``req`` ran (or the call could not be enqueued): never run it, and
+        resolve its Completion (if any, and ``resolve``) with ``exc``."""
         if req.finished:
             return
         with self._cond:
@@ -307,7 +358,18 @@ class _Worker:
         req.fn = None
         req.args = ()
         self._finish(req)  # bookkeeping first: a woken waiter sees it done
-        req.completion._resolve(None, exc, None)
+        if resolve and req.completion is not None:
+            req.completion._resolve(None, exc, None)
+
+    def settle(self, req: HostRequest, error: BaseException | None) -> tuple[Any, BaseException | None]:
+        """The stream passed ``req`` (``error``: it failed first): ``fn``'s outcome; a call that never
+        ran is abandoned (it never will) and its outcome is that error."""
+        if req.ran:
+            return req.outcome(None)
+        value, exc = req.outcome(error)
+        assert exc is not None
+        self.abandon(req, exc, resolve=False)  # the caller resolves with the outcome
+        return value, exc
 
     def _commit(self, req: HostRequest) -> None:
         """Submitting thread: everything ``req`` enqueues is enqueued; the worker may run it."""
@@ -413,7 +475,6 @@ class _Worker:
                         req.value, req.exc = _call(fn, args)
                         estimates.for_function(fn).add((time.thread_time() - t0) * 1e6)
                     req.ran = True
-                    self._ran(req)
                 del fn, args  # dropped here, on the worker thread
             if req.post_done:
                 self._let_stream_go(req)
@@ -423,9 +484,6 @@ class _Worker:
 
     def _call_of(self, req: HostRequest) -> tuple[Callable[..., Any] | None, tuple[Any, ...]]:
         return req.fn, req.args
-
-    def _ran(self, req: HostRequest) -> None:
-        """The worker ran ``req`` (outcome stored); before ``done`` is posted."""
 
     def _serve_unarmed(self) -> bool:
         """A wake with no request queued; ``True`` if it was served and needs ``done``."""
@@ -455,32 +513,35 @@ class HostChannel(_Worker):
         self._ticket = 0 if self._word is None else self._word.value  # the last ticket handed out
         self._opened = self._ticket  # the highest ticket stored (guarded by _cond)
 
-    def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], completion: Completion) -> HostRequest:
-        """Enqueue ``fn(*args)`` on the stream; raises the backend's error if nothing was enqueued.
+    def submit(self, req: HostRequest) -> HostRequest:
+        """Enqueue ``req`` (made with ``committed=False``) on the stream; raises the backend's error if
+        nothing was enqueued.
 
         Call with the stream's enqueue lock held. If ``sem_post(ready)`` was
         enqueued but the hold was not, the request is abandoned with that
         error (``fn`` will not run) and the error is raised.
         """
-        self._start()
-        req = HostRequest(fn, args, completion, committed=False)
-        backend = self._engine._backend
+        fn = req.fn
+        engine = self._engine
+        backend = engine._backend
         self._push(req)
         try:
-            backend.launch_host_func(self.stream, SEM_POST_ADDRESS, self.ready.address)
+            backend.launch_host_func(self.stream, SEM_POST_ADDRESS, self._ready_address)
         except BaseException as exc:
             with self._cond:
                 if self._queue and self._queue[-1] is req:
                     self._queue.pop()
             req.fn = None
             req.args = ()
-            req.completion._resolve(None, exc, None)
+            if req.completion is not None:
+                req.completion._resolve(None, exc, None)
             self._finish(req)
             raise
         try:
-            self._engine._announce_host_work(fn)
+            if engine._host_work is not None:
+                engine._announce_host_work(fn)  # type: ignore[arg-type]
             if self.signal is None:
-                backend.launch_host_func(self.stream, SEM_WAIT_ADDRESS, self.done.address)
+                backend.launch_host_func(self.stream, SEM_WAIT_ADDRESS, self._done_address)
             else:
                 # Spent even if the wait fails to enqueue: the worker may already have
                 # stored it, and a later wait for the same value would pass too early.
@@ -491,7 +552,9 @@ class HostChannel(_Worker):
             req.post_done = False  # `ready` will still be posted: the worker skips fn, releases nothing
             self.abandon(req, exc)
             raise
-        self._commit(req)
+        with self._cond:  # as _commit(req), inline: a launch's path
+            req.committed = True
+            self._cond.notify_all()
         return req
 
     def _let_stream_go(self, req: HostRequest) -> None:
@@ -509,19 +572,11 @@ class HostChannel(_Worker):
             self._engine._return_signal(signal, reusable=reusable)
 
     def retire(self, req: HostRequest, error: BaseException | None, posts: Any) -> None:
-        """On the lane, when the guard event after ``req`` retired (``error`` if its wait failed).
-
-        Resolves the Completion with ``fn``'s outcome if it ran, else abandons
-        the request with the error (the failed stream never reached it).
-        """
-        if req.ran:
-            value, exc = req.value, req.exc
-            req.value = req.exc = None
+        """On the lane, once the guard event after ``req`` retired (``error`` if its wait failed):
+        resolve its Completion with the outcome (see :meth:`_Worker.settle`)."""
+        value, exc = self.settle(req, error)
+        if req.completion is not None:
             req.completion._resolve(value, exc, posts)
-            return
-        if error is None:
-            error = RuntimeError("the stream passed a Python host call that never ran")
-        self.abandon(req, error)
 
 
 class HostSlot(_Worker):
@@ -533,11 +588,11 @@ class HostSlot(_Worker):
     2. ``slot.capture(stream)`` while ``stream`` is capturing: enqueues the
        two native host functions (``sem_post(ready)``, ``sem_wait(done)``),
        which become host nodes of the graph;
-    3. per replay: ``c = slot.arm()`` *before* ``graph_launch`` (replays of
-       one graph exec run in launch order, so armed requests match replays
-       FIFO); ``c`` resolves with ``fn``'s return value or exception. Guard
-       the replay with a tail completion and call :meth:`fail_armed` with its
-       error if the stream fails, so no awaiter hangs;
+    3. per replay: ``req = slot.arm()`` *before* ``graph_launch`` (replays
+       of one graph exec run in launch order, so armed requests match
+       replays FIFO); the replay's Run reads ``fn``'s outcome from ``req``
+       when its tail retires, and abandons it if the stream failed first, so
+       no awaiter hangs;
     4. ``slot.close()`` after the graph exec is destroyed and its last replay
        completed.
 
@@ -571,37 +626,23 @@ class HostSlot(_Worker):
         self._start()
         self._enqueue_native(stream, self._fn)
 
-    def arm(self) -> Completion:
-        """Expect one more run; returns the Completion of that run. Call before each launch."""
+    def arm(self) -> HostRequest:
+        """Expect one more run; returns its request, whose outcome the replay's Run reads. Call before each launch."""
         self._check_open()
-        self._start()
-        req = HostRequest(None, (), self._engine._new_completion())
+        req = HostRequest(None, ())
         self._push(req)
-        return req.completion
+        return req
 
-    def disarm(self, completion: Completion, exc: BaseException) -> bool:
-        """Withdraw the armed run of ``completion`` (its launch failed, nothing was enqueued).
-
-        Resolves it with ``exc`` and removes it, so later replays stay matched
-        FIFO. ``False`` if it is not armed (already ran or withdrawn).
-        """
+    def disarm(self, req: HostRequest) -> bool:
+        """Withdraw the armed run ``req`` (its launch failed, nothing was enqueued), so later
+        replays stay matched FIFO. ``False`` if it is not armed (already ran or withdrawn)."""
         with self._cond:
-            req = next((r for r in self._queue if r.completion is completion and not r.finished), None)
-            if req is not None:
+            armed = not req.finished and req in self._queue
+            if armed:
                 self._queue.remove(req)
-        if req is None:
-            return False
-        self._finish(req)
-        completion._resolve(None, exc, None)
-        return True
-
-    def fail_armed(self, exc: BaseException) -> int:
-        """Resolve every armed run that has not started with ``exc``; returns how many."""
-        with self._cond:
-            pending = [r for r in self._queue if not r.finished]
-        for req in pending:
-            self.abandon(req, exc)
-        return len(pending)
+        if armed:
+            self._finish(req)
+        return armed
 
     def close(self) -> None:
         """Stop the worker and free the semaphores (leaked if a failed run may still name them).
@@ -624,11 +665,6 @@ class HostSlot(_Worker):
 
     def _call_of(self, req: HostRequest) -> tuple[Callable[..., Any] | None, tuple[Any, ...]]:
         return self._fn, self._args
-
-    def _ran(self, req: HostRequest) -> None:
-        value, exc = req.value, req.exc
-        req.value = req.exc = None
-        req.completion._resolve(value, exc, None)
 
     def _serve_unarmed(self) -> bool:
         try:

@@ -57,7 +57,6 @@ from typing import TYPE_CHECKING, Any
 
 from ._backends.protocol import CaptureMode
 from ._buffer import DEVICE, PAGEABLE, Buffer, check_size, wrap_foreign
-from ._completion import DeferredWakes
 from ._errors import CaptureError
 from ._event import Event
 from ._pipeline_deps import CycleError, ForkPlan, hazards, plan_fork, topological_order
@@ -74,7 +73,7 @@ from ._pipeline_nodes import (
     WaitNode,
     enqueue_plan,
 )
-from ._run import Run, RunChain, record_tail
+from ._run import Run, RunChain
 from ._stream import Stream, holding
 from ._streampool import pool_for
 
@@ -358,7 +357,7 @@ class Pipeline:
         rt = stream._runtime
         if rt._multi_device:  # host-node events and kernel launches need the stream's device current
             stream._backend.ensure_device(rt._device)
-        with DeferredWakes(), stream._lock, self._lock:  # the stream's lock first: see Stream.lock
+        with stream._lock, self._lock:  # the stream's lock first: see Stream.lock
             if stream._closed:
                 stream._check_open()
             if stream._backend.stream_is_capturing(stream._handle):
@@ -429,8 +428,7 @@ class Pipeline:
         except BaseException as exc:
             self._fail_partial(stream, keep, ctx, exc)
             raise
-        tail = record_tail(stream, pool, keep)
-        run = Run(self._name, policy, (stream,), ctx.host, [tail], pool)
+        run = Run(self._name, policy, (stream,), tuple(ctx.host), keep, stream._runtime._engine, (stream,))
         self._chain.last = run
         return run
 
@@ -459,22 +457,20 @@ class Pipeline:
                     for s in streams:
                         self._fail_partial(s, keep, ctx, exc if s is stream else None)
                     raise
-                if join:
-                    tails = [record_tail(stream, pool, keep)]
-                else:
-                    tails = [record_tail(s, pool, keep) for s in streams]
+                run = Run(self._name, "fork", tuple(streams), tuple(ctx.host), keep, rt._engine, streams if not join else (stream,))
         finally:
             if fork_ev is not None:
                 pool.release_event(fork_ev)
             pool.release_streams(sides, stream.priority)
-        run = Run(self._name, "fork", tuple(streams), ctx.host, tails, pool)
         self._chain.last = run
         return run
 
     def _fail_partial(self, stream: Stream, keep: tuple[Any, ...], ctx: EnqueueContext, exc: BaseException | None) -> None:
-        """A launch failed midway: keep what was enqueued alive until it completes; name the node in ``exc``."""
+        """A launch failed midway: what was enqueued runs; a Run nobody gets keeps it alive until it completed,
+        collects the outcomes of host nodes already enqueued (their errors are logged), and orders the next
+        launch after it. Names the node in ``exc``."""
         try:
-            stream._runtime._engine.completion_for_stream(stream._handle, keepalive=(keep, ctx.host))
+            self._chain.last = Run(self._name, "failed", (stream,), tuple(ctx.host), keep, stream._runtime._engine, (stream,))
         except BaseException:  # noqa: BLE001, S110 - the original error matters more
             pass
         if exc is not None and ctx.current and hasattr(exc, "add_note"):

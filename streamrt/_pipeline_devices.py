@@ -44,7 +44,7 @@ from ._errors import ClosedError
 from ._peer import peer_copy
 from ._pipeline_deps import ForkPlan, reduce_edges
 from ._pipeline_nodes import CopyNode, EnqueueContext, Node, RecordNode, WaitNode, _traced_record, _traced_wait
-from ._run import Run, record_tail
+from ._run import Run
 from ._streampool import pool_for
 
 if TYPE_CHECKING:
@@ -284,12 +284,11 @@ def launch_across_devices(
                 p._fail_partial(s, keep, ctx, exc if s is stream else None)
             stream._backend.ensure_device(home._device)
             raise
-        tails = [record_tail(stream, pools[0], keep)]
+        run = Run(p.name, policy, (stream, *sides), tuple(ctx.host), keep, stream._runtime._engine, (stream,))
     finally:
         if entry_ev is not None:
             pools[0].release_event(entry_ev)
         for s, pool in zip(sides, pools[1:]):
             pool.release_streams([s], stream.priority)
-    run = Run(p.name, policy, (stream, *sides), ctx.host, tails, pools[0])
     p._chain.last = run
     return run

@@ -24,14 +24,13 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ._backends.protocol import MemcpyKind
 from ._buffer import DEVICE, HOST, Buffer
-from ._completion import Completion
 from ._pipeline_deps import Access, ForkPlan
 from ._stream import _user_data, native_function_address
 from ._tracer import label
 
 if TYPE_CHECKING:
     from ._event import Event
-    from ._hostcall import HostSlot
+    from ._hostcall import HostRequest, HostSlot
     from ._stream import Stream
     from ._streampool import StreamPool
 
@@ -298,8 +297,8 @@ class HostNode(Node):
             slot = ctx.slots[self._name]
             slot.capture(stream._handle)
         else:
-            # launch() checked that no stream of the launch is capturing
-            ctx.host.append((self._name, engine.host_call(stream._handle, self.fn, self.args, capture_checked=True)))
+            # launch() checked that no stream of the launch is capturing; the launch's Run reads the outcome
+            ctx.host.append((self._name, engine.host_request(stream._handle, self.fn, self.args)))
         for b, _ in self._reads:
             b.note_stream(stream)
         for b, _ in self._writes:
@@ -323,8 +322,8 @@ class HostNode(Node):
             slot = ctx.slots[name]
             tracer.op(stream, "host_python", 0, lambda: slot.capture(handle), pipeline=pipeline, node=name)
         else:
-            completion = tracer.host_call(stream, self.fn, self.args, engine.host_call, pipeline=pipeline, node=name)
-            ctx.host.append((name, completion))
+            request = tracer.host_call(stream, self.fn, self.args, engine.host_request, pipeline=pipeline, node=name)
+            ctx.host.append((name, request))
         for b, _ in self._reads:
             b.note_stream(stream)
         for b, _ in self._writes:
@@ -487,7 +486,7 @@ class EnqueueContext:
 
     capturing: bool
     slots: dict[str, HostSlot] = field(default_factory=dict)  # capture: Python host node -> slot
-    host: list[tuple[str, Completion]] = field(default_factory=list)  # eager: node name -> completion
+    host: list[tuple[str, HostRequest]] = field(default_factory=list)  # eager: node name -> its request
     current: str = ""  # the node being enqueued (for error messages)
 
 

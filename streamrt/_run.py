@@ -1,22 +1,25 @@
-"""Run: the awaitable outcome of one pipeline launch or graph replay.
+"""Run: the awaitable outcome of one pipeline launch or graph replay, resolved by its tail.
 
 A :class:`Run` is a :class:`~streamrt.Completion` that resolves once every
-tail of the launch has completed and every host node of the launch has
-finished. It then carries the launch's first error: a device error seen at a
-tail, else the exception of the first failing host node in topological order
-(all of them are in :attr:`Run.node_errors`).
+tail of the launch has completed. It then carries the launch's first error: a
+device error seen at a tail, else the exception of the first failing host
+node in topological order (all of them are in :attr:`Run.node_errors`).
 
-Tails. A launch ends with one *tail event* recorded on its caller's stream
-(after the side streams were joined into it), or one per stream it used when
-it was not joined. The completion engine watches each tail event on its lane
-thread; the launch's keepalive (buffers, host callables and their arguments)
-is referenced until the tail completed and dropped on the lane thread before
-the Run resolves. The Run itself holds no buffers.
+One future per launch. A launch ends with one *tail event* recorded on its
+caller's stream (after the side streams were joined into it), or one per
+stream it used when it was not joined. The Run itself is what the stream's
+completion lane watches for its tail (the lane retires it: there is no
+separate Completion per tail or per host node): when the tail retires, the
+launch's keepalive (buffers, host callables and their arguments) is dropped
+on the lane thread, the outcome of each Python host node is read from its
+request (the tail follows the node's hold, so it has run, or the stream failed
+and the node is abandoned with the error), and the Run resolves. Extra tails
+(``join=False``) are small items that count down to the Run.
 
 The tail events also order later work after the run: :meth:`Run.join` and a
 relaunch of the same pipeline make streams wait for them. They go back to the
-runtime's event pool when the Run resolves (a wait binds to the record it saw
-when it was enqueued, so reuse is safe).
+completion engine's event pool when the Run resolves (a wait binds to the
+record it saw when it was enqueued, so reuse is safe).
 
 Thread rules: a Run may be waited on, awaited and joined from any thread.
 """
@@ -24,48 +27,22 @@ Thread rules: a Run may be waited on, awaited and joined from any thread.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ._completion import Completion
+from ._allocator import after_device_sync
+from ._completion._future import PostBatch
 from ._stream import Stream
 
 if TYPE_CHECKING:
-    from ._event import Event
-    from ._streampool import StreamPool
+    from ._completion import CompletionEngine
+    from ._completion._lane import _Lane
+    from ._hostcall import HostRequest
 
-__all__ = ["Run", "RunChain", "Tail", "record_tail", "serialize_after"]
+__all__ = ["Run", "RunChain", "serialize_after"]
 
-Tail = tuple[Stream, "Event", Completion]
-
-
-def record_tail(stream: Stream, pool: StreamPool, keepalive: object) -> Tail:
-    """Record a pooled event at the current end of ``stream``; its Completion resolves when it completes.
-
-    ``keepalive`` is referenced until then and dropped on the lane thread
-    before the Completion resolves. Raises the backend's error (nothing is
-    then watched). Must not be called while ``stream`` is capturing.
-    """
-    ev = pool.acquire_event()
-    engine = stream._runtime._engine
-    completion = Completion()
-    completion._notifier = engine._notifier
-    holder = [keepalive]
-
-    def tail_done(error: BaseException | None) -> None:
-        holder.clear()  # drop the keepalive before anyone sees the run done
-        if error is None:
-            completion._set_result(None)
-        else:
-            completion._set_exception(error)
-
-    try:
-        engine.record_and_watch(ev._handle, stream._handle, tail_done)
-    except BaseException:
-        pool.release_event(ev)
-        raise
-    completion._lanes = engine.lanes_of(stream._handle)
-    return stream, ev, completion
+HostNodes = tuple[tuple[str, "HostRequest"], ...]
 
 
 class Run(Completion):
@@ -77,19 +54,27 @@ class Run(Completion):
     * ``run.join(stream)`` makes later work on ``stream`` wait for the whole run
       (for fork launches with ``join=False``).
     * ``run.host_result(name)`` is the return value of a host node.
+
+    Made by launches (the constructor records the tails), never directly.
     """
 
     __slots__ = (
+        "_after",
+        "_engine",
+        "_error",
         "_host",
         "_host_values",
         "_lock",
         "_name",
         "_node_errors",
         "_policy",
-        "_pool",
         "_remaining",
         "_streams",
         "_tails",
+        "event",
+        "keepalive",
+        "pooled",
+        "unordered",
     )
 
     def __init__(
@@ -97,33 +82,86 @@ class Run(Completion):
         name: str,
         policy: str,
         streams: tuple[Stream, ...],
-        host: list[tuple[str, Completion]],
-        tails: list[Tail],
-        pool: StreamPool | None,
+        host: HostNodes,
+        keepalive: object,
+        engine: CompletionEngine,
+        tails: Iterable[Stream],
+        *,
+        after: Callable[[Run], None] | None = None,
     ) -> None:
-        super().__init__()
-        if tails:
-            self._notifier = tails[0][2]._notifier
-            # an await polls every lane that resolves a part of the run (side streams' host calls too)
-            parts = [c for _, c in host] + [c for _, _, c in tails]
-            self._lanes = tuple(dict.fromkeys(lane for c in parts for lane in c._lanes))
+        """Record the tail events on ``tails`` (their enqueue locks held) and watch them.
+
+        The first tail is this Run itself, on its stream's lane; more are
+        :class:`_Tail` items. Raises the backend's error if a tail could not
+        be recorded: the Run is then watched on the tails recorded before it
+        (none: nothing is watched). ``after(run)`` is called just before it resolves.
+        """
+        # Completion's state, set here directly: a launch pays for one call of its future.
+        self._done = False
+        self._resolved_ns = 0
+        self._value = None
+        self._exc = None
+        self._callbacks = None
+        self._waiters = None
+        self._event = None
+        self._log_unretrieved = False
+        self._notifier = engine._notifier
+        self._engine = engine
         self._name = name
         self._policy = policy
         self._streams = streams
         self._host = host
-        self._tails: list[Tail] | None = tails
-        self._pool = pool
-        self._remaining = len(host) + len(tails)
+        self.keepalive = keepalive
+        self.pooled = False  # the Run gives its tail events back itself, under its lock
+        self.unordered = False
+        self._tails: list[tuple[Stream, int]] = []  # (stream, tail event) while pending
+        self._remaining = 0
+        self._error: BaseException | None = None
         self._lock = threading.Lock()
         self._node_errors: dict[str, BaseException] = {}
         self._host_values: dict[str, Any] = {}
-        if self._remaining == 0:
-            self._finish()
-            return
-        for _, c in host:
-            c.add_done_callback(self._one_done)
-        for _, _, c in tails:
-            c.add_done_callback(self._one_done)
+        self._after = after  # called just before it resolves, on the resolving thread (a graph's replay count)
+        for _, req in host:
+            req.owner = self
+        backend = engine._backend
+        pool = engine._pool
+        lanes: list[_Lane] = []
+        self._remaining = 1  # held until every tail is watched: an early tail must not finish the Run
+        try:
+            for stream in tails:
+                lane = stream._lane
+                event = pool.pop() if pool else engine._new_event()
+                lane._depth += 1  # a record-and-push section (see _Lane, "Order")
+                try:
+                    try:
+                        backend.event_record(event, stream._handle)
+                    except BaseException:
+                        pool.append(event)
+                        raise
+                    item: Any = self if not lanes else _Tail(self, event)
+                    if item is self:
+                        self.event = event
+                    item.unordered = lane._depth > 1
+                    with self._lock:
+                        self._tails.append((stream, event))
+                        self._remaining += 1
+                    lanes.append(lane)
+                    self._lanes = tuple(lanes)
+                    lane.push(item)
+                finally:
+                    lane._depth -= 1
+        except BaseException:
+            if not lanes and streams:  # nothing watches what the launch enqueued: finish once the device is idle
+                rt = streams[0]._runtime
+                rt.releaser.submit(after_device_sync, rt, lambda: self._tail_done(0, None, None))
+                raise
+            self._tail_done(0, None, None)  # release the hold: the tails watched so far finish the Run
+            raise
+        with self._lock:  # release the constructor's hold (as _tail_done(0, ...), inline)
+            self._remaining -= 1
+            last = self._remaining == 0
+        if last:  # every tail retired already
+            self._finish(None)
 
     # -- public ---------------------------------------------------------------------
     @property
@@ -159,39 +197,50 @@ class Run(Completion):
         """Make later work on ``stream`` wait for every tail of this run. Non-blocking; a no-op once done."""
         if not isinstance(stream, Stream):
             raise TypeError(f"join takes a Stream, not {type(stream).__name__}")
-        stream._check_open()
-        serialize_after(self, (stream,))
+        with stream._lock:
+            stream._check_open()
+            serialize_after(self, (stream,))
 
-    # -- resolution ------------------------------------------------------------------------
-    def _one_done(self, _c: Completion) -> None:
+    # -- resolution (the lane) ------------------------------------------------------------
+    def _retire(self, error: BaseException | None, posts: PostBatch | None) -> None:
+        """The Run's own tail retired (on its lane's thread, or a polling task's)."""
+        self._tail_done(self.event, error, posts)
+
+    def _tail_done(self, event: int, error: BaseException | None, posts: PostBatch | None) -> None:
+        """Tail ``event`` retired (``0``: the constructor's own hold on the Run)."""
         with self._lock:
+            if event:
+                if not any(ev == event for _, ev in self._tails):
+                    return  # retired twice (a forced close gave it up first)
+                self._tails = [(s, ev) for s, ev in self._tails if ev != event]
             self._remaining -= 1
             last = self._remaining == 0
+            if error is not None and self._error is None:
+                self._error = error
+        if event and error is None:
+            self._engine._recycle_event(event, True)
         if last:
-            self._finish()
+            self._finish(posts)
 
-    def _finish(self) -> None:
-        error: BaseException | None = None
-        with self._lock:
-            tails, self._tails = self._tails, None
-        for _, ev, c in tails or ():
-            exc = c.exception(0)
-            if exc is not None and error is None:
-                error = exc
-            if self._pool is not None:
-                self._pool.release_event(ev)
-        for name, c in self._host:
-            exc = c.exception(0)
+    def _finish(self, posts: PostBatch | None) -> None:
+        self.keepalive = None  # dropped on the retiring thread, before anyone sees the run done
+        error = self._error
+        for name, req in self._host:
+            worker = req.worker
+            value, exc = worker.settle(req, error) if worker is not None else req.outcome(error)
             if exc is not None:
                 self._node_errors[name] = exc
                 if error is None:
                     error = exc
             else:
-                self._host_values[name] = c._value
-        self._host = []
+                self._host_values[name] = value
+        self._host = ()  # the requests name their workers, and a slot its callable
         if error is not None:
             self._log_unretrieved = True
-        self._resolve(None, error, None)
+        after, self._after = self._after, None
+        if after is not None:  # before anyone sees the run done (a graph closed then finds it finished)
+            after(self)
+        self._resolve(None, error, posts)
 
     def __repr__(self) -> str:
         if not self._done:
@@ -203,18 +252,31 @@ class Run(Completion):
         return f"<Run {self._name!r} {self._policy} {state}>"
 
 
+class _Tail:
+    """An extra tail of a Run (one per stream of a fork launch with ``join=False``): a lane item."""
+
+    __slots__ = ("event", "keepalive", "pooled", "run", "unordered")
+
+    def __init__(self, run: Run, event: int) -> None:
+        self.run = run
+        self.event = event
+        self.keepalive = None
+        self.pooled = False
+        self.unordered = False
+
+    def _retire(self, error: BaseException | None, posts: PostBatch | None) -> None:
+        self.run._tail_done(self.event, error, posts)
+
+
 def serialize_after(run: Run, targets: Iterable[Stream]) -> None:
     """Make every stream in ``targets`` wait for ``run``'s tail events (a no-op once it is done)."""
     if run._done:
         return
     with run._lock:
-        tails = run._tails
-        if tails is None:
-            return
         for target in targets:
-            for src, ev, _ in tails:
+            for src, ev in run._tails:
                 if src is not target:
-                    target._backend.stream_wait_event(target._handle, ev._handle)
+                    target._backend.stream_wait_event(target._handle, ev)
 
 
 class RunChain:

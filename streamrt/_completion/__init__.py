@@ -55,14 +55,12 @@ task raise ``RuntimeError`` as on the engine's threads.
 
 from ._engine import CompletionEngine, CompletionStatistics
 from ._future import DEFAULT_AWAIT_POLL_US, Completion, on_runtime_thread, refuse_blocking_wait
-from ._lane import DeferredWakes
 
 __all__ = [
     "DEFAULT_AWAIT_POLL_US",
     "Completion",
     "CompletionEngine",
     "CompletionStatistics",
-    "DeferredWakes",
     "on_runtime_thread",
     "refuse_blocking_wait",
 ]

@@ -16,6 +16,7 @@ from .._errors import CaptureError, ClosedError
 from .._hostcall import (
     DEFAULT_SWITCH_INTERVAL,
     HostChannel,
+    HostRequest,
     HostSlot,
     HostWorkEstimates,
     switch_interval_guard,
@@ -207,28 +208,16 @@ class CompletionEngine:
         """Resolve entries taken from a failed lane with ``error`` (watchdog or pushing thread).
 
         Like a failed wait on the lane: keepalives dropped, callbacks called
-        with the error, Completions resolved, host calls that did not run
-        abandoned. Their events are leaked, not pooled or destroyed: a lane
-        thread may still be blocked in the driver on one of them.
+        with the error, Completions and Runs resolved, host calls that did
+        not run abandoned. Their events are leaked, not pooled or destroyed: a
+        lane thread may still be blocked in the driver on one of them.
         """
         posts: PostBatch = {}
         for entry in entries:
-            entry.keepalive = None
-            callback, entry.callback = entry.callback, None
-            if callback is not None:
-                try:
-                    callback(error)
-                except Exception:  # noqa: BLE001
-                    _log.exception("exception in completion-engine callback %r", callback)
-            completion, entry.completion = entry.completion, None
-            if completion is not None:
-                completion._resolve(None, error, posts)
-            request, entry.request = entry.request, None
-            if request is not None and entry.channel is not None:
-                try:
-                    entry.channel.retire(request, error, posts)
-                except Exception:  # noqa: BLE001
-                    _log.exception("could not abandon a Python host call of a failed lane")
+            try:
+                entry._retire(error, posts)
+            except Exception:  # noqa: BLE001
+                _log.exception("could not fail %r of a failed lane", entry)
         for loop, futures in posts.items():
             try:
                 self._notifier.post(loop, futures)
@@ -267,10 +256,14 @@ class CompletionEngine:
         event could not be recorded (nothing is then watched).
         """
         lane = self._lane(stream)
-        with lane.pushing() as nested:
-            self._check_open()
-            self._backend.event_record(event, stream)
-            lane.push(_Entry(event, callback, None, None, False, unordered=nested))
+        with lane.lock:
+            lane._depth += 1  # a record-and-push section (see _Lane, "Order")
+            try:
+                self._check_open()
+                self._backend.event_record(event, stream)
+                lane.push(_Entry(event, callback, None, None, False, unordered=lane._depth > 1))
+            finally:
+                lane._depth -= 1
 
     def lanes_of(self, lane: int) -> tuple[_Lane, ...]:
         """What a Completion resolved on lane ``lane`` polls when awaited (see ``Completion._lanes``)."""
@@ -303,18 +296,22 @@ class CompletionEngine:
         is then watched).
         """
         lane = self._lane(stream)
-        with lane.pushing() as nested:
-            self._check_open()
-            event = self._acquire_event()
+        with lane.lock:
+            lane._depth += 1  # a record-and-push section (see _Lane, "Order")
             try:
-                self._backend.event_record(event, stream)
-            except BaseException:
-                self._pool.append(event)
-                raise
-            completion = Completion()
-            completion._notifier = self._notifier
-            completion._lanes = (lane,)
-            lane.push(_Entry(event, None, completion, keepalive, True, unordered=nested))
+                self._check_open()
+                event = self._acquire_event()
+                try:
+                    self._backend.event_record(event, stream)
+                except BaseException:
+                    self._pool.append(event)
+                    raise
+                completion = Completion()
+                completion._notifier = self._notifier
+                completion._lanes = (lane,)
+                lane.push(_Entry(event, None, completion, keepalive, True, unordered=lane._depth > 1))
+            finally:
+                lane._depth -= 1
         return completion
 
     # -- event pool ----------------------------------------------------------------
@@ -322,9 +319,13 @@ class CompletionEngine:
         try:
             return self._pool.pop()
         except IndexError:
-            event = self._backend.event_create(timing=False, blocking_sync=True)
-            self._events_created += 1
-            return event
+            return self._new_event()
+
+    def _new_event(self) -> int:
+        """A new blocking-sync event for the pool (the pool is empty)."""
+        event = self._backend.event_create(timing=False, blocking_sync=True)
+        self._events_created += 1
+        return event
 
     def _recycle_event(self, event: int, ok: bool) -> None:
         """On a lane thread: the event completed; pool it (or destroy it if its wait failed)."""
@@ -362,31 +363,51 @@ class CompletionEngine:
             raise TypeError(f"host function must be callable, got {type(fn).__name__}")
         backend = self._backend
         lane = self._lane(stream)
-        with lane.pushing() as nested:
-            self._check_open()
-            if not capture_checked and backend.stream_is_capturing(stream):
-                raise CaptureError(
-                    "host_call cannot be captured: a captured host node must re-run on every replay; "
-                    "use CompletionEngine.host_slot (pipelines do this in Pipeline.capture)"
-                )
-            channel = self._channel(stream)
-            completion = self._new_completion()
-            req = channel.submit(fn, tuple(args), completion)
-            self._host_calls += 1
-            # The guard event after the call: its lane resolves the Completion in stream
-            # order, and fails the call instead if the stream dies before reaching it.
-            event = self._acquire_event()
+        with lane.lock:
+            lane._depth += 1  # a record-and-push section (see _Lane, "Order")
             try:
-                backend.event_record(event, stream)
-            except BaseException as exc:
-                self._pool.append(event)
-                channel.abandon(req, exc)  # no guard, no watchdog: fn will not run
-                raise
-            completion._lanes = (lane,)
-            lane.push(_Entry(event, None, None, None, True, req, channel, unordered=nested))
+                self._check_open()
+                if not capture_checked and backend.stream_is_capturing(stream):
+                    raise CaptureError(
+                        "host_call cannot be captured: a captured host node must re-run on every replay; "
+                        "use CompletionEngine.host_slot (pipelines do this in Pipeline.capture)"
+                    )
+                channel = self._channel(stream)
+                completion = self._new_completion()
+                req = channel.submit(HostRequest(fn, tuple(args), completion, committed=False))
+                self._host_calls += 1
+                # The guard event after the call: its lane resolves the Completion in stream
+                # order, and fails the call instead if the stream dies before reaching it.
+                event = self._acquire_event()
+                try:
+                    backend.event_record(event, stream)
+                except BaseException as exc:
+                    self._pool.append(event)
+                    channel.abandon(req, exc)  # no guard, no watchdog: fn will not run
+                    raise
+                completion._lanes = (lane,)
+                lane.push(_Entry(event, None, None, None, True, req, channel, unordered=lane._depth > 1))
+            finally:
+                lane._depth -= 1
         # Only now: an error raised to the caller above is not also logged as never retrieved.
         completion._log_unretrieved = True
         return completion
+
+    def host_request(self, stream: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> HostRequest:
+        """A pipeline's Python host node: ``fn(*args)`` in stream order on the stream's worker, with no
+        Completion of its own and no guard event.
+
+        The launch's Run reads the outcome once its tail event retires (the
+        tail follows the call's hold, so by then the call has run, or the
+        stream failed and the Run abandons it: :meth:`~streamrt._hostcall._Worker.settle`).
+        Call with the stream's enqueue lock held, and only when it is not capturing.
+        """
+        lane = self._lane(stream)
+        with lane.lock:
+            self._check_open()
+            req = self._channel(stream).submit(HostRequest(fn, args, committed=False))
+            self._host_calls += 1
+        return req
 
     def host_call_native(self, stream: int, fn_ptr: int, user_data: int, *, keepalive: object = None) -> None:
         """Enqueue the native ``void fn(void*)`` at ``fn_ptr``; it runs directly on the driver thread.
@@ -692,20 +713,13 @@ def _abandon_lane(lane: _Lane) -> None:
     GPU may still be using what they hold.
     """
     exc = ClosedError("the runtime closed before this work completed")
-    entries = list(lane._queue)
-    for entry in entries:
+    for entry in list(lane._queue):
         if entry.keepalive is not None:
             _leaked_keepalives.append(entry.keepalive)
-        callback, entry.callback = entry.callback, None
-        if callback is not None:
-            try:
-                callback(exc)
-            except Exception:  # noqa: BLE001
-                _log.exception("exception in completion-engine callback %r", callback)
-        if entry.completion is not None:
-            entry.completion._resolve(None, exc, None)
-        if entry.request is not None and entry.channel is not None:
-            entry.channel.abandon(entry.request, exc)
+        try:
+            entry._retire(exc, None)
+        except Exception:  # noqa: BLE001
+            _log.exception("could not give up %r", entry)
 
 
 # Keepalives of work given up by a forced close: never released (the device may still use them).

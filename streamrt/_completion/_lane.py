@@ -21,46 +21,24 @@ if TYPE_CHECKING:
     from .._hostcall import HostChannel, HostRequest
     from ._engine import CompletionEngine
 
-__all__ = ["DeferredWakes", "_Entry", "_Lane"]
+__all__ = ["_Entry", "_Lane"]
 
 _log = logging.getLogger("streamrt")
 
 _POLL_GAP_NS = 2_000
-# .lanes: while a launch runs on this thread (DeferredWakes), the lanes its pushes would have woken
-_deferred = threading.local()
-
-
-class DeferredWakes:
-    """``with DeferredWakes():`` lanes that work pushed on this thread would wake are woken once, on exit.
-
-    For the multi-op launches (``Pipeline.launch``, ``Graph.launch``): a lane
-    woken in the middle takes the GIL (to begin its driver wait) as soon as the
-    launching thread releases it in its next backend call, so every later call
-    of the launch would wait for it. Woken at the end instead, the lane runs
-    once the launching thread has returned (or blocks). Nested scopes join the
-    outermost. Pushes from an event loop's thread keep their own deferral (see
-    :meth:`_Lane.push`); blocking waits (``Completion.wait``, drain) wake lanes
-    directly, so nothing waits on a deferred wake inside the scope.
-    """
-
-    __slots__ = ("_outer",)
-
-    def __enter__(self) -> None:
-        self._outer = getattr(_deferred, "lanes", None)
-        if self._outer is None:
-            _deferred.lanes = []
-
-    def __exit__(self, *exc: object) -> None:
-        if self._outer is None:
-            lanes: list[_Lane] = _deferred.lanes
-            _deferred.lanes = None
-            for lane in lanes:
-                if lane._sleeping and not lane._napping:
-                    lane._signal()
 
 
 class _Entry:
-    """One watched event on a lane, and what to do when it completes."""
+    """One watched event on a lane, and what to do when it completes.
+
+    Lane items. A lane holds objects with ``event`` (the watched event),
+    ``pooled`` (the lane gives the event back to the engine's pool when it
+    retires), ``unordered`` (see below), ``keepalive``, and
+    ``_retire(error, posts)``: called once, on the retiring thread, when the
+    event completed (``error``: waiting for it failed, or the lane failed or
+    was given up). ``_Entry`` is the general item; a pipeline's
+    :class:`~streamrt._run.Run` is its own tail's item.
+    """
 
     __slots__ = ("callback", "channel", "completion", "event", "keepalive", "pooled", "request", "unordered")
 
@@ -83,9 +61,27 @@ class _Entry:
         self.request = request  # a host call this event guards: resolved from its stored outcome
         self.channel = channel
         # Its event may complete out of queue order: a user's event (re-recorded, maybe on
-        # another stream, while watched), or one pushed by a nested push (see _Lane.pushing).
+        # another stream, while watched), or one pushed by a nested push (see _Lane, "Order").
         # Its state then says nothing about the entries before it: it is queried itself.
         self.unordered = unordered
+
+    def _retire(self, error: BaseException | None, posts: PostBatch | None) -> None:
+        self.keepalive = None  # dropped here, on the retiring thread, after the event
+        callback = self.callback
+        if callback is not None:
+            self.callback = None
+            try:
+                callback(error)
+            except Exception:  # noqa: BLE001 - never let a callback kill the lane
+                _log.exception("exception in completion-engine callback %r", callback)
+        completion = self.completion
+        if completion is not None:
+            self.completion = None
+            completion._resolve(None, error, posts)
+        request = self.request
+        if request is not None:
+            self.request = None
+            self.channel.retire(request, error, posts)  # type: ignore[union-attr]
 
 
 class _Lane:
@@ -124,8 +120,9 @@ class _Lane:
     which lets one query of the newest event retire a whole batch. A push
     nested inside another one on the same thread (a garbage-collector
     finalizer that releases a buffer) comes between a record and its push:
-    :meth:`pushing` marks such entries ``unordered``. The thread starts with
-    the first push.
+    each record-and-push section counts itself in :attr:`_depth` (under the
+    lock), and one that finds another open marks its entry ``unordered``.
+    The thread starts with the first push.
     """
 
     def __init__(self, engine: CompletionEngine, key: int) -> None:
@@ -172,14 +169,6 @@ class _Lane:
         """Entries watched and not yet retired."""
         return len(self._queue) + self._busy
 
-    def pushing(self) -> _Pushing:
-        """``with lane.pushing() as unordered:`` around recording an event and pushing its entry.
-
-        Holds :attr:`lock`; ``unordered`` is ``True`` when the section is
-        nested in another one on this thread (its entry must be marked so).
-        """
-        return _Pushing(self)
-
     def push(self, entry: _Entry) -> None:
         if self._stopping:
             raise ClosedError("this completion lane was released")
@@ -199,11 +188,11 @@ class _Lane:
         if self._sleeping and not self._napping:
             loop = _get_running_loop()
             if loop is None:
-                deferred = getattr(_deferred, "lanes", None)
-                if deferred is None:
-                    self._signal()
-                elif self not in deferred:
-                    deferred.append(self)  # woken when the launch ends (DeferredWakes)
+                self._sleeping = False  # as _signal(), inline: this is every launch's path
+                try:
+                    self._wake.release()
+                except RuntimeError:  # already released by another producer
+                    pass
             elif not self._wake_scheduled:
                 # Pushed on an event loop's thread: the work is likely awaited next, and the
                 # awaiting task polls and retires it there. Wake the lane thread on the loop's next
@@ -214,7 +203,9 @@ class _Lane:
                 loop.call_soon(self._wake_unless_polled)
         watchdog = self._engine._watchdog
         if watchdog is not None and watchdog.idle:
-            watchdog.kick()
+            with watchdog._cond:  # as watchdog.kick(), inline
+                watchdog.idle = False
+                watchdog._cond.notify()
 
     def _signal(self) -> None:
         self._sleeping = False
@@ -494,25 +485,12 @@ class _Lane:
         for entry in batch:
             err = error if first else None
             first = False
-            # Keepalives are dropped here, on the lane thread, after the event.
-            entry.keepalive = None
             if entry.pooled:
                 engine._recycle_event(entry.event, err is None)
-            callback = entry.callback
-            if callback is not None:
-                entry.callback = None
-                try:
-                    callback(err)
-                except Exception:  # noqa: BLE001 - never let a callback kill the lane
-                    _log.exception("exception in completion-engine callback %r", callback)
-            completion = entry.completion
-            if completion is not None:
-                entry.completion = None
-                completion._resolve(None, err, posts)
-            request = entry.request
-            if request is not None:
-                entry.request = None
-                entry.channel.retire(request, err, posts)  # type: ignore[union-attr]
+            try:
+                entry._retire(err, posts)
+            except Exception:  # noqa: BLE001 - never let one item kill the lane
+                _log.exception("exception while retiring %r", entry)
         if posts:
             notifier = engine._notifier
             for loop, futures in posts.items():
@@ -541,22 +519,3 @@ def _pop_all(queue: collections.deque[_Entry]) -> list[_Entry]:
         except IndexError:
             return entries
 
-
-class _Pushing:
-    """:meth:`_Lane.pushing`: the lane's lock, and whether this section is nested in another."""
-
-    __slots__ = ("_lane",)
-
-    def __init__(self, lane: _Lane) -> None:
-        self._lane = lane
-
-    def __enter__(self) -> bool:
-        lane = self._lane
-        lane.lock.acquire()
-        lane._depth += 1
-        return lane._depth > 1
-
-    def __exit__(self, *exc: object) -> None:
-        lane = self._lane
-        lane._depth -= 1
-        lane.lock.release()

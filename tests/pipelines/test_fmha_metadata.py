@@ -244,7 +244,7 @@ def cases(draw: st.DrawFn) -> tuple[WorkspaceParams, np.ndarray, np.ndarray]:
         deterministic=draw(st.booleans()),
         max_seqlen_q=max(draw(st.integers(0, 300)), max(sq) if draw(st.booleans()) else 0),
         max_seqlen_k=max(draw(st.integers(0, 300)), max(sk) if draw(st.booleans()) else 0),
-        total_q_padded=int(ssq[-1]) + draw(st.sampled_from([0, 0, 7, -1])),
+        total_q_padded=max(0, int(ssq[-1]) + draw(st.sampled_from([0, 0, 7, -1]))),
     )
     return p, ssq, ssk
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 import weakref
 
 import numpy as np
@@ -82,13 +83,17 @@ def test_fork_runs_the_round_trip_on_a_side_stream(rt: srt.Runtime) -> None:
     single.wait(10)
 
 
-def test_an_await_of_a_fork_run_polls_the_lane_of_every_stream_it_used(rt: srt.Runtime) -> None:
+@pytest.mark.parametrize("join", [True, False])
+def test_an_await_of_a_fork_run_polls_the_lane_of_each_of_its_tails(rt: srt.Runtime, join: bool) -> None:
     s = rt.create_stream()
     p, *_ = _round_trip(rt, s)
-    run = p.launch(s, policy="fork")
-    lanes = {rt._engine._lane(x.handle) for x in run.streams}
-    assert len(lanes) == 2 and set(run._lanes) == lanes  # the side stream's host call resolves on its lane
+    run = p.launch(s, policy="fork", join=join)
+    tails = [s] if join else list(run.streams)  # joined: one tail, on the caller's stream
+    lanes = {rt._engine._lane(x.handle) for x in tails}
+    assert len(run.streams) == 2 and set(run._lanes) == lanes  # the Run resolves where its tails retire
     assert asyncio.run(asyncio.wait_for(_await(run), 30)) is None
+    if not join:
+        run.join(s)
     assert not any(lane.pollers for lane in lanes)
 
 
@@ -345,3 +350,19 @@ def test_native_host_functions_run_on_every_launch_and_replay(rt: srt.Runtime) -
     g.close()
     assert sem.value == 4
     sem.destroy()
+
+
+def test_a_launch_is_one_future_its_tail_resolves(rt: srt.Runtime) -> None:
+    """The Run is the only item a launch watches: no Completion or guard event per host node."""
+    s = rt.create_stream()
+    stage = pinned(rt, 64)
+    p = srt.Pipeline("one-future")
+    p.host(time.sleep, 0.2, writes=[stage], name="a")
+    p.host(lambda: "b", reads=[stage], name="b")
+    before = rt._engine.statistics()
+    run = p.launch(s)
+    during = rt._engine.statistics()
+    assert during.pending - before.pending == 1  # the Run itself, on its stream's lane
+    assert during.host_calls_pending - before.host_calls_pending == 2
+    assert run.result(10) is None and run.host_result("b") == "b"
+    assert rt._engine.statistics().pending == 0

@@ -57,7 +57,7 @@ from ..._completion import Completion
 from ..._event import Event
 from ..._kernel import library_for
 from ..._pipeline import Pipeline
-from ..._run import Run, record_tail
+from ..._run import Run
 from ..._streampool import pool_for
 from . import _kernels
 from ._plan import PreparePlan, prepare_buffers
@@ -245,8 +245,8 @@ class WorkspacePrepare(PreparePlan):
             stream.memset(self._dq_acc, 0, zero)
             stream.copy(self._meta_dev, self._meta_host)
             # A later launch must not overwrite the staging before this H2D has read it.
-            pool = pool_for(self._rt)
-            chain.last = Run(self._pipeline.name, "sync", (stream,), [], [record_tail(stream, pool, None)], pool)
+            with stream.lock:
+                chain.last = Run(self._pipeline.name, "sync", (stream,), (), None, self._rt._engine, (stream,))
         result.raise_for_status()
         return result
 

@@ -463,10 +463,10 @@ def test_host_slot_eager_run(harness: Harness, engine: CompletionEngine) -> None
     s = harness.stream()
     box = [1]
     slot = engine.host_slot(lambda b: b[0] * 10, (box,))
-    c = slot.arm()
+    req = slot.arm()
     slot.capture(s)  # on a stream that is not capturing, the slot just runs once
-    assert c.result(5) == 10
     harness.backend.stream_synchronize(s)
+    assert slot.settle(req, None) == (10, None)  # what a replay's Run reads at its tail
     slot.close()
     with pytest.raises(ClosedError):
         slot.arm()
@@ -494,12 +494,12 @@ def test_host_slot_reruns_fn_on_every_graph_replay_with_current_inputs(harness: 
     results = []
     for i in range(4):
         box[0] = i
-        c = slot.arm()
+        req = slot.arm()
         b.graph_launch(exec_, s)
-        results.append(c)
-        c.wait(5)  # the input changes for the next replay only after this one ran
-    assert [r.exception() is None for r in results] == [True, True, False, True]
-    assert [r.result() for r in results if r.exception() is None] == [0, 100, 300]
+        b.stream_synchronize(s)  # the input changes for the next replay only after this one ran
+        results.append(slot.settle(req, None))
+    assert [exc is None for _, exc in results] == [True, True, False, True]
+    assert [value for value, exc in results if exc is None] == [0, 100, 300]
     assert len(ran_on) == 4 and all(n.startswith("streamrt-slot-") for n in ran_on)
     b.stream_synchronize(s)
     b.graph_exec_destroy(exec_)
@@ -508,12 +508,12 @@ def test_host_slot_reruns_fn_on_every_graph_replay_with_current_inputs(harness: 
     assert engine.statistics().host_slots == 0
 
 
-def test_host_slot_fail_armed_resolves_runs_that_never_start(harness: Harness, engine: CompletionEngine) -> None:
+def test_host_slot_runs_a_failed_stream_never_reached_are_abandoned(harness: Harness, engine: CompletionEngine) -> None:
     slot = engine.host_slot(lambda: None)
-    c1, c2 = slot.arm(), slot.arm()
+    r1, r2 = slot.arm(), slot.arm()
     err = BackendError("sim", 700, "x", "stream failed", "graph_launch")
-    assert slot.fail_armed(err) == 2
-    assert c1.exception() is err and c2.exception() is err
+    assert slot.settle(r1, err) == (None, err) and slot.settle(r2, err) == (None, err)
+    assert slot.in_flight == 0 and r1.abandoned and r2.abandoned
     slot.close()  # the semaphores are leaked, not freed: a failed launch might still name them
 
 
@@ -522,15 +522,13 @@ def test_host_slot_disarm_keeps_later_replays_matched(harness: Harness, engine: 
     box = [0]
     slot = engine.host_slot(lambda b: b[0], (box,))
     failed_launch = slot.arm()
-    err = RuntimeError("graph_launch failed")
-    assert slot.disarm(failed_launch, err) is True
-    assert failed_launch.exception() is err
-    assert slot.disarm(failed_launch, err) is False
+    assert slot.disarm(failed_launch) is True
+    assert slot.disarm(failed_launch) is False
     box[0] = 5
-    c = slot.arm()
+    req = slot.arm()
     slot.capture(s)
-    assert c.result(5) == 5
     harness.backend.stream_synchronize(s)
+    assert slot.settle(req, None) == (5, None)
     slot.close()
 
 

@@ -1,0 +1,134 @@
+"""Count streamrt's Python calls per warm launch, on the caller's thread (deterministic, on the simulator).
+
+Method: ``sys.setprofile`` counts the Python function calls made on the calling
+thread during one warm launch whose code lives in ``streamrt/`` or
+``allocators/``, leaving out frames under ``streamrt/_backends/`` (the simulator
+stands in for the driver, whose cost the host-time benchmarks measure). The
+pipeline is memset(acc) ∥ D2H(in → h_in) → Python host(h_in → h_out) → H2D(h_out → out),
+and the same without its host node; each is launched eagerly and as a captured
+graph, and a single ``Stream.memset`` is counted too.
+
+    python demos/bench/count_calls.py [--json out.json] [--show eager]
+
+``--show KIND`` prints the calls of one launch (function, file:line), to see where they go.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import streamrt as srt  # noqa: E402
+
+_COUNTED = (str(ROOT / "streamrt") + os.sep, str(ROOT / "allocators") + os.sep)
+_LEFT_OUT = str(ROOT / "streamrt" / "_backends") + os.sep
+
+
+def _counted(filename: str) -> bool:
+    return filename.startswith(_COUNTED) and not filename.startswith(_LEFT_OUT)
+
+
+def count(fn: Callable[[], Any]) -> tuple[Any, list[str]]:
+    """Run ``fn()`` with the profiler on; its result and the streamrt calls it made on this thread."""
+    calls: list[str] = []
+
+    def profile(frame: Any, event: str, _arg: Any) -> None:
+        if event == "call":
+            code = frame.f_code
+            if _counted(code.co_filename):
+                calls.append(f"{code.co_qualname} ({Path(code.co_filename).relative_to(ROOT)}:{code.co_firstlineno})")
+
+    sys.setprofile(profile)
+    try:
+        result = fn()
+    finally:
+        sys.setprofile(None)
+    return result, calls
+
+
+def _double(src: srt.Buffer, dst: srt.Buffer) -> None:
+    dst.numpy()[:] = src.numpy() * 2
+
+
+def build(rt: srt.Runtime, s: srt.Stream, *, host_node: bool, n: int = 4096) -> srt.Pipeline:
+    acc = rt.device_allocator.allocate(n, stream=s)
+    src = rt.device_allocator.allocate(n, stream=s)
+    out = rt.device_allocator.allocate(n, stream=s)
+    h_in = rt.host_allocator.allocate(n)
+    h_out = rt.host_allocator.allocate(n)
+    p = srt.Pipeline("count")
+    p.memset(acc, 0)
+    p.copy(dst=h_in, src=src)
+    if host_node:
+        p.host(_double, h_in, h_out, reads=[h_in], writes=[h_out])
+        p.copy(dst=out, src=h_out)
+    else:
+        p.copy(dst=out, src=h_in)
+    return p
+
+
+def measure() -> dict[str, list[str]]:
+    rt = srt.open_runtime("sim")
+    try:
+        s = rt.create_stream()
+        capture_stream = rt.create_stream()
+        rows: dict[str, list[str]] = {}
+        for host_node, suffix in ((True, ""), (False, " copies-only")):
+            p = build(rt, s, host_node=host_node)
+            graph = p.capture(capture_stream)
+            for kind, launch in (("eager", lambda: p.launch(s)), ("graph", lambda: graph.launch(s))):
+                for _ in range(3):  # warm: plans built, events pooled, lanes started
+                    launch().result(10)
+                s.synchronize()
+                run, calls = count(launch)
+                run.result(10)
+                rows[kind + suffix] = calls
+            graph.close()
+        d = rt.device_allocator.allocate(4096, stream=s)
+        s.memset(d, 0)
+        s.synchronize()
+        _, calls = count(lambda: s.memset(d, 1))
+        rows["Stream.memset"] = calls
+        s.synchronize()
+        return rows
+    finally:
+        rt.close()
+
+
+#: The goals of the lean-core issue (streamrt Python calls per warm launch).
+GOALS = {"eager": 14, "graph": 6, "eager copies-only": 8, "graph copies-only": 6, "Stream.memset": 3}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="write the counts (and the calls) here")
+    parser.add_argument("--show", choices=sorted(GOALS), help="print the calls of one launch")
+    args = parser.parse_args(argv)
+    rows = measure()
+    print(f"{'launch':<20} {'calls':>6} {'goal':>6}")
+    for name, calls in rows.items():
+        goal = GOALS.get(name)
+        mark = "" if goal is None else ("  met" if len(calls) <= goal else "  NOT met")
+        print(f"{name:<20} {len(calls):>6} {goal if goal is not None else '':>6}{mark}")
+    if args.show:
+        print(f"\ncalls of one warm {args.show!r} launch:")
+        for call, n in Counter(rows[args.show]).most_common():
+            print(f"  {n:3d}  {call}")
+    if args.json:
+        args.json.write_text(json.dumps({k: {"count": len(v), "calls": v} for k, v in rows.items()}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    np.seterr(all="raise")
+    raise SystemExit(main())
