@@ -19,11 +19,11 @@ from ._errors import (
     StreamRTError,
 )
 from ._event import Event
-from ._graph import Graph
+from ._pipeline import Graph
 from ._kernel import Kernel, KernelCache, KernelLibrary, KernelModule, KernelSpec, load_kernel, register_kernel_spec
 from ._pipeline import Edge, Pipeline
-from ._pipeline_nodes import Node
-from ._run import Run
+from ._pipeline import Node
+from ._pipeline import Run
 from ._runtime import Runtime, open_runtime
 from ._scheduler import Scheduler, SchedulerStatistics
 from ._stream import Stream

@@ -37,7 +37,7 @@ class _Entry:
     ``_retire(error, posts)``: called once, on the retiring thread, when the
     event completed (``error``: waiting for it failed, or the lane failed or
     was given up). ``_Entry`` is the general item; a pipeline's
-    :class:`~streamrt._run.Run` is its own tail's item.
+    :class:`~streamrt._pipeline._run.Run` is its own tail's item.
     """
 
     __slots__ = ("callback", "channel", "completion", "event", "keepalive", "pooled", "request", "unordered")

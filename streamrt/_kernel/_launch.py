@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._buffer import Buffer
-from .._pipeline_nodes import EnqueueContext, Node, substitute
+from .._pipeline._nodes import EnqueueContext, Node, substitute
 from ._binding import BoundArgs, Kernel, check_shared_mem, launch_dims
 
 if TYPE_CHECKING:

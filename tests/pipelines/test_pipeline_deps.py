@@ -8,7 +8,7 @@ from pipeline_helpers import pinned
 from support.transfer import download, upload
 
 import streamrt as srt
-from streamrt._pipeline_deps import plan_fork, topological_order
+from streamrt._pipeline._deps import plan_fork, topological_order
 
 
 def test_read_after_write_orders_the_reader_after_the_writer(rt: srt.Runtime) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import streamrt as srt
-from streamrt._pipeline_nodes import graph_node_names
+from streamrt._pipeline._nodes import graph_node_names
 from streamrt._trace import Trace, TraceRecord, start_trace, stop_trace
 
 WORK = ("copy", "memset", "kernel", "host_function")
@@ -236,7 +236,7 @@ def test_tracing_off_takes_no_traced_path(sim_rt: srt.Runtime, monkeypatch: pyte
     """With tracing off, launches and captures never reach a node's or the plan's traced enqueue."""
     s = sim_rt.create_stream()
     f = Fixture(sim_rt, s, events=False)
-    from streamrt import _pipeline_nodes as nodes_mod
+    from streamrt._pipeline import _nodes as nodes_mod
 
     def refuse(*_a: object, **_k: object) -> None:
         raise AssertionError("a traced path ran with tracing off")

@@ -10,9 +10,9 @@ from .layout import WorkspaceParams
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from ..._graph import Graph
+    from ..._pipeline import Graph
     from ..._pipeline import Pipeline
-    from ..._run import Run
+    from ..._pipeline import Run
     from ..._runtime import Runtime
     from ..._stream import Stream
 

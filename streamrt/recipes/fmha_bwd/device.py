@@ -17,7 +17,7 @@ short device ops (~3-10 µs each) instead of a host function (~50 µs).
 Strategies: ``"device"`` (:meth:`DevicePrepare.launch`, eager) and ``"device_graph"``
 (:meth:`DevicePrepare.replay`, captured once and replayed; each replay re-reads
 seqstart). :meth:`DevicePrepare.enqueue` launches the two ops bare on a stream, with no
-:class:`~streamrt._run.Run` bookkeeping (for hot loops that track completion themselves).
+:class:`~streamrt._pipeline._run.Run` bookkeeping (for hot loops that track completion themselves).
 
 Errors. A kernel cannot raise: seqlens that do not fit the params make it write the
 idle image (a backward kernel that trusts it does nothing, and the prezero zeroes
@@ -39,7 +39,7 @@ from .layout import WorkspaceMetadata, WorkspaceParams, parse_metadata
 from .result import RESULT_BYTES, PrepareResult
 
 if TYPE_CHECKING:
-    from ..._run import Run
+    from ..._pipeline import Run
     from ..._runtime import Runtime
     from ..._stream import Stream
 

@@ -57,7 +57,7 @@ from ..._completion import Completion
 from ..._event import Event
 from ..._kernel import library_for
 from ..._pipeline import Pipeline
-from ..._run import Run
+from ..._pipeline import Run
 from ..._streampool import pool_for
 from . import _kernels
 from ._plan import PreparePlan, prepare_buffers

@@ -39,20 +39,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._buffer import Buffer
-from ._errors import ClosedError
-from ._peer import peer_copy
-from ._pipeline_deps import ForkPlan, reduce_edges
-from ._pipeline_nodes import CopyNode, EnqueueContext, Node, RecordNode, WaitNode, _traced_record, _traced_wait
+from .._buffer import Buffer
+from .._errors import ClosedError
+from .._peer import peer_copy
+from ._deps import ForkPlan, reduce_edges
+from ._nodes import CopyNode, EnqueueContext, Node, RecordNode, WaitNode, _traced_record, _traced_wait
 from ._run import Run
-from ._streampool import pool_for
+from .._streampool import pool_for
 
 if TYPE_CHECKING:
-    from ._event import Event
-    from ._pipeline import Pipeline
-    from ._runtime import Runtime
-    from ._stream import Stream
-    from ._streampool import StreamPool
+    from .._event import Event
+    from ._builder import Pipeline
+    from .._runtime import Runtime
+    from .._stream import Stream
+    from .._streampool import StreamPool
 
 __all__ = ["PeerCopyNode", "check_node_devices", "launch_across_devices", "placement", "plan_slots"]
 
@@ -77,7 +77,7 @@ class PeerCopyNode(CopyNode):
             self._enqueue(stream, ctx)
 
     def _rebound(self, mapping: dict[int, Buffer]) -> Node:
-        from ._pipeline_nodes import _sub
+        from ._nodes import _sub
 
         return PeerCopyNode(
             self._pipeline, self._index, self._name, _sub(self.dst, mapping), _sub(self.src, mapping), self.nbytes, self.direction

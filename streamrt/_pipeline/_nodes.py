@@ -6,7 +6,7 @@ pipeline. Each node knows how to put itself on a stream, either eagerly or
 into a capture (:meth:`Node._enqueue`), through the backend's primitives.
 
 :func:`enqueue_plan` runs a whole pipeline onto one stream (topological order)
-or several (a :class:`~streamrt._pipeline_deps.ForkPlan`), ordering streams
+or several (a :class:`~streamrt._pipeline._deps.ForkPlan`), ordering streams
 with pooled events. It is shared by ``Pipeline.launch`` and ``Pipeline.capture``.
 
 Tracing. When the runtime's tracer is on (``runtime._tracer is not None``),
@@ -22,17 +22,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from ._backends.protocol import MemcpyKind
-from ._buffer import DEVICE, HOST, Buffer
-from ._pipeline_deps import Access, ForkPlan
-from ._stream import _user_data, native_function_address
-from ._tracer import label
+from .._backends.protocol import MemcpyKind
+from .._buffer import DEVICE, HOST, Buffer
+from ._deps import Access, ForkPlan
+from .._stream import _user_data, native_function_address
+from .._tracer import label
 
 if TYPE_CHECKING:
-    from ._event import Event
-    from ._hostcall import HostRequest, HostSlot
-    from ._stream import Stream
-    from ._streampool import StreamPool
+    from .._event import Event
+    from .._hostcall import HostRequest, HostSlot
+    from .._stream import Stream
+    from .._streampool import StreamPool
 
 __all__ = [
     "CopyNode",

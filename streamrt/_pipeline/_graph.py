@@ -27,7 +27,7 @@ still in flight, so they never touch the shared buffers concurrently.
 Tracing. While the runtime's tracer is on, :meth:`Graph.launch` enqueues the
 replay through it as one ``graph_launch`` op labelled with the pipeline's name
 and the names of the pipeline nodes behind the graph's nodes (in capture order,
-see :func:`~streamrt._pipeline_nodes.graph_node_names`); where the device
+see :func:`~streamrt._pipeline._nodes.graph_node_names`); where the device
 reports each replayed graph node (the simulator), the trace shows them under
 those names. A capture made while tracing traces its enqueues like an eager
 launch (they run only on replay, so they have no device times).
@@ -43,11 +43,11 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ._backends.protocol import CaptureMode
-from ._buffer import Buffer
-from ._errors import CaptureError, ClosedError
-from ._pipeline_deps import ForkPlan, hazards, plan_fork, topological_order
-from ._pipeline_nodes import (
+from .._backends.protocol import CaptureMode
+from .._buffer import Buffer
+from .._errors import CaptureError, ClosedError
+from ._deps import ForkPlan, hazards, plan_fork, topological_order
+from ._nodes import (
     CopyNode,
     EnqueueContext,
     HostNode,
@@ -56,14 +56,14 @@ from ._pipeline_nodes import (
     enqueue_plan,
     graph_node_names,
 )
-from ._hostcall import HostRequest
+from .._hostcall import HostRequest
 from ._run import Run, RunChain, serialize_after
-from ._stream import Stream, holding
-from ._streampool import pool_for
+from .._stream import Stream, holding
+from .._streampool import pool_for
 
 if TYPE_CHECKING:
-    from ._hostcall import HostSlot
-    from ._runtime import Runtime
+    from .._hostcall import HostSlot
+    from .._runtime import Runtime
 
 __all__ = ["Graph", "capture_pipeline"]
 

@@ -12,7 +12,7 @@ Build a pipeline with its node methods; each returns the :class:`Node`::
 Edges come from ``after=[...]`` (and :meth:`Pipeline.add_edge`) and from the
 declared accesses: a node depends on every earlier node whose bytes it reads
 after a write (RAW), writes after a read (WAR) or writes after a write (WAW);
-see :mod:`streamrt._pipeline_deps`. Copies and memsets declare their own
+see :mod:`streamrt._pipeline._deps`. Copies and memsets declare their own
 access; host and enqueue nodes declare theirs with ``reads=``/``writes=``.
 
 Validation. Node methods check their arguments when called (sizes, memory
@@ -43,7 +43,7 @@ Several devices: a pipeline may use buffers of runtimes of one backend object
 on several devices (one runtime per device). Each node then runs on a stream
 of its buffers' device, a copy between device buffers of two devices is a
 peer copy, and edges between devices become events; see
-:mod:`streamrt._pipeline_devices`.
+:mod:`streamrt._pipeline._devices`.
 
 Thread rules: build a pipeline from one thread. ``launch`` and ``capture``
 may be called from any thread; concurrent launches of one pipeline are
@@ -55,13 +55,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._backends.protocol import CaptureMode
-from ._buffer import DEVICE, PAGEABLE, Buffer, check_size, wrap_foreign
-from ._errors import CaptureError
-from ._event import Event
-from ._pipeline_deps import CycleError, ForkPlan, hazards, plan_fork, topological_order
-from ._pipeline_devices import PeerCopyNode, check_node_devices, launch_across_devices, placement
-from ._pipeline_nodes import (
+from .._backends.protocol import CaptureMode
+from .._buffer import DEVICE, PAGEABLE, Buffer, check_size, wrap_foreign
+from .._errors import CaptureError
+from .._event import Event
+from ._deps import CycleError, ForkPlan, hazards, plan_fork, topological_order
+from ._devices import PeerCopyNode, check_node_devices, launch_across_devices, placement
+from ._nodes import (
     COPY_KIND,
     CopyNode,
     EnqueueContext,
@@ -74,12 +74,12 @@ from ._pipeline_nodes import (
     enqueue_plan,
 )
 from ._run import Run, RunChain
-from ._stream import Stream, holding
-from ._streampool import pool_for
+from .._stream import Stream, holding
+from .._streampool import pool_for
 
 if TYPE_CHECKING:
     from ._graph import Graph
-    from ._runtime import Runtime
+    from .._runtime import Runtime
 
 __all__ = ["POLICIES", "Edge", "Pipeline"]
 
@@ -300,7 +300,7 @@ class Pipeline:
         with ``reads`` and ``writes`` both ``None`` they come from the kernel's spec (each Buffer
         argument, per its access mode). Kernel nodes take part in dependency inference, both
         launch policies and capture."""
-        from ._kernel import add_kernel_node
+        from .._kernel import add_kernel_node
 
         return add_kernel_node(
             self, kernel, grid, block, args, shared_mem=shared_mem, reads=reads, writes=writes, after=after, name=name

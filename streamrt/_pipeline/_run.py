@@ -30,15 +30,15 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from ._completion import Completion
-from ._allocator import after_device_sync
-from ._completion._future import PostBatch
-from ._stream import Stream
+from .._completion import Completion
+from .._allocator import after_device_sync
+from .._completion._future import PostBatch
+from .._stream import Stream
 
 if TYPE_CHECKING:
-    from ._completion import CompletionEngine
-    from ._completion._lane import _Lane
-    from ._hostcall import HostRequest
+    from .._completion import CompletionEngine
+    from .._completion._lane import _Lane
+    from .._hostcall import HostRequest
 
 __all__ = ["Run", "RunChain", "serialize_after"]
 

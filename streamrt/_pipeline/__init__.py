@@ -1,0 +1,16 @@
+"""Pipelines: explicit DAGs of stream work, launched on streams through compiled plans, or captured into graphs.
+
+Modules: ``_builder`` (:class:`Pipeline`: building, validation, launching),
+``_nodes`` (the node kinds and the enqueue of a planned pipeline), ``_deps``
+(dependencies from declared access, fork plans), ``_plan`` (the compiled
+launch of a pipeline on one stream), ``_run`` (:class:`Run`, one future per
+launch), ``_graph`` (:class:`Graph`, captured replays), ``_devices``
+(pipelines spanning devices).
+"""
+
+from ._builder import POLICIES, Edge, Pipeline
+from ._graph import Graph, capture_pipeline
+from ._nodes import Node
+from ._run import Run, RunChain
+
+__all__ = ["POLICIES", "Edge", "Graph", "Node", "Pipeline", "Run", "RunChain", "capture_pipeline"]
