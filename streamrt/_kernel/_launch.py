@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._buffer import Buffer
-from .._pipeline._nodes import EnqueueContext, Node, substitute
+from .._pipeline._nodes import EnqueueContext, Node, PlanStep, substitute
 from ._binding import BoundArgs, Kernel, check_shared_mem, launch_dims
 
 if TYPE_CHECKING:
@@ -142,6 +142,11 @@ class KernelNode(Node):
         stream._backend.launch_kernel(self.kernel.function, self.grid, self.block, self.shared_mem, stream._handle, packed.address)
         for b in self.buffers():
             b.note_stream(stream)
+
+    def _plan_step(self, stream: Stream, keep: list[Any]) -> PlanStep | None:
+        packed = self._bound.pack()  # once per plan: the arguments are fixed
+        keep.append(packed)
+        return (stream._backend.launch_kernel, (self.kernel.function, self.grid, self.block, self.shared_mem, stream._handle, packed.address))
 
     def _rebound(self, mapping: dict[int, Buffer]) -> Node:
         args = substitute(self.args, mapping)

@@ -73,11 +73,13 @@ from ._nodes import (
     WaitNode,
     enqueue_plan,
 )
+from ._plan import LaunchPlan
 from ._run import Run, RunChain
 from .._stream import Stream, holding
 from .._streampool import pool_for
 
 if TYPE_CHECKING:
+    from .._hostcall import HostRequest
     from ._graph import Graph
     from .._runtime import Runtime
 
@@ -128,6 +130,7 @@ class Pipeline:
         self._version = 0
         self._cache: dict[str, Any] = {}
         self._chain = RunChain()  # orders this pipeline's runs and its graphs' replays
+        self._plans: dict[Stream, LaunchPlan] = {}  # compiled for this version, by stream (see _plan.py)
         self._lock = self._chain.lock
 
     # -- introspection ----------------------------------------------------------------------
@@ -347,6 +350,10 @@ class Pipeline:
         the error is raised; what was enqueued still completes and stays alive.
         Raises ``CaptureError`` if ``stream`` is capturing (use :meth:`capture`).
         """
+        if policy == "stream":
+            compiled = self._plans.get(stream)
+            if compiled is not None and stream._runtime._tracer is None:
+                return compiled.launch()
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}: use 'stream' or 'fork' (or capture() for a graph)")
         if not (wait_for is None or wait_for == "stream" or isinstance(wait_for, Event)):
@@ -373,6 +380,8 @@ class Pipeline:
             if plan is not None and plan.slots == 1:
                 plan = None  # a single chain: nothing to fork
             if plan is None:
+                if policy == "stream" and rt._tracer is None:
+                    return self._plan_for(stream, order, keep).launch()
                 return self._launch_single(stream, order, keep, policy)
             return self._launch_fork(stream, order, plan, keep, wait_for, join)
 
@@ -418,6 +427,13 @@ class Pipeline:
     def _serialize_after_previous(self, targets: Sequence[Stream]) -> None:
         """Make ``targets`` wait for the previous run of this pipeline (or of a graph of it) if in flight."""
         self._chain.wait_previous(targets)
+
+    def _plan_for(self, stream: Stream, order: list[int], keep: tuple[Any, ...]) -> LaunchPlan:
+        """The launch plan of this version on ``stream`` (compiled now; closed streams' plans dropped)."""
+        plans = {s: p for s, p in self._plans.items() if not s._closed} if len(self._plans) >= 8 else self._plans
+        plan = plans[stream] = LaunchPlan(self, stream, self._nodes, order, keep)
+        self._plans = plans
+        return plan
 
     def _launch_single(self, stream: Stream, order: list[int], keep: tuple[Any, ...], policy: str) -> Run:
         pool = pool_for(stream._runtime)
@@ -475,6 +491,13 @@ class Pipeline:
             pass
         if exc is not None and ctx.current and hasattr(exc, "add_note"):
             exc.add_note(f"while enqueueing node {ctx.current!r} of pipeline {self._name!r}")
+
+    def _fail_partial_plan(
+        self, stream: Stream, keep: tuple[Any, ...], host: list[tuple[str, HostRequest]], node: str, exc: BaseException
+    ) -> None:
+        """:meth:`_fail_partial` for a launch plan that failed at ``node``."""
+        ctx = EnqueueContext(capturing=False, host=host, current=node)
+        self._fail_partial(stream, keep, ctx, exc)
 
     def _check_stream(self, stream: Any) -> Stream:
         if not isinstance(stream, Stream):
@@ -537,6 +560,7 @@ class Pipeline:
     def _changed(self) -> None:
         self._version += 1
         self._cache.clear()
+        self._plans = {}
 
     def _add(self, node: Node, deps: dict[int, set[str]]) -> Node:
         check_node_devices(node)

@@ -43,7 +43,7 @@ from .._buffer import Buffer
 from .._errors import ClosedError
 from .._peer import peer_copy
 from ._deps import ForkPlan, reduce_edges
-from ._nodes import CopyNode, EnqueueContext, Node, RecordNode, WaitNode, _traced_record, _traced_wait
+from ._nodes import CopyNode, _EAGER, EnqueueContext, Node, PlanStep, RecordNode, WaitNode, _traced_record, _traced_wait
 from ._run import Run
 from .._streampool import pool_for
 
@@ -69,6 +69,9 @@ class PeerCopyNode(CopyNode):
             for b in (self.dst, self.src):
                 if b._runtime is stream._runtime:
                     b.note_stream(stream)
+
+    def _plan_step(self, stream: Stream, keep: list[Any]) -> PlanStep | None:
+        return (self._enqueue, (stream, _EAGER))  # a peer copy orders the other device's peer stream too
 
     def _enqueue_traced(self, stream: Stream, ctx: EnqueueContext, tracer: Any) -> None:
         if self.nbytes:

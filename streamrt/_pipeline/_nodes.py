@@ -135,6 +135,16 @@ class Node:
             name=kernel_name if isinstance(kernel_name, str) else None,
         )
 
+    def _plan_step(self, stream: Stream, keep: list[Any]) -> PlanStep | None:
+        """The node's eager enqueue on ``stream`` as one bound call ``(fn, args)`` for a launch plan.
+
+        ``fn is None`` marks a Python host node (``args`` is ``(fn, args)``,
+        submitted to the stream's worker); ``None`` means no call (an empty
+        memset or copy). Objects the call's arguments point into go to
+        ``keep``. This default calls :meth:`_enqueue` (user code, kernels).
+        """
+        return (self._enqueue, (stream, _EAGER))
+
     def _graph_nodes(self) -> int | None:
         """How many graph nodes capturing the node adds (``None``: unknown, e.g. a user enqueue callable).
 
@@ -206,6 +216,11 @@ class MemsetNode(Node):
     def _graph_nodes(self) -> int | None:
         return 1 if self.nbytes else 0
 
+    def _plan_step(self, stream: Stream, keep: list[Any]) -> PlanStep | None:
+        if not self.nbytes:
+            return None
+        return (stream._backend.memset_async, (self.dst._ptr, self.value, self.nbytes, stream._handle))
+
     def _rebound(self, mapping: dict[int, Buffer]) -> Node:
         return MemsetNode(self._pipeline, self._index, self._name, _sub(self.dst, mapping), self.value, self.nbytes)
 
@@ -246,6 +261,11 @@ class CopyNode(Node):
 
     def _graph_nodes(self) -> int | None:
         return 1 if self.nbytes else 0
+
+    def _plan_step(self, stream: Stream, keep: list[Any]) -> PlanStep | None:
+        if not self.nbytes:
+            return None
+        return (stream._backend.memcpy_async, (self.dst._ptr, self.src._ptr, self.nbytes, self.direction, stream._handle))
 
     def _rebound(self, mapping: dict[int, Buffer]) -> Node:
         return CopyNode(self._pipeline, self._index, self._name, _sub(self.dst, mapping), _sub(self.src, mapping), self.nbytes, self.direction)
@@ -328,6 +348,11 @@ class HostNode(Node):
             b.note_stream(stream)
         for b, _ in self._writes:
             b.note_stream(stream)
+
+    def _plan_step(self, stream: Stream, keep: list[Any]) -> PlanStep | None:
+        if self.native_address is None:
+            return (None, (self.fn, self.args))
+        return (stream._backend.launch_host_func, (stream._handle, self.native_address, self.user_data))
 
     def _graph_nodes(self) -> int | None:
         # A native function is one host node; a Python one is captured through its host slot,
@@ -448,6 +473,9 @@ class _EventNode(Node):
     def _graph_nodes(self) -> int | None:
         return 0
 
+    def _plan_step(self, stream: Stream, keep: list[Any]) -> PlanStep | None:
+        return (self._call, (stream._backend, stream._handle, self.event._handle))
+
     def _rebound(self, mapping: dict[int, Buffer]) -> Node:
         return self
 
@@ -480,6 +508,10 @@ class WaitNode(_EventNode):
 # -- enqueueing a whole pipeline ----------------------------------------------------------------------
 
 
+#: One bound call of a launch plan: ``(fn, args)``; ``fn is None`` for a Python host node.
+PlanStep = tuple[Callable[..., Any] | None, tuple[Any, ...]]
+
+
 @dataclass
 class EnqueueContext:
     """State of one enqueue pass: capture or eager, and what the host nodes produced."""
@@ -488,6 +520,10 @@ class EnqueueContext:
     slots: dict[str, HostSlot] = field(default_factory=dict)  # capture: Python host node -> slot
     host: list[tuple[str, HostRequest]] = field(default_factory=list)  # eager: node name -> its request
     current: str = ""  # the node being enqueued (for error messages)
+
+
+#: The context of an eager enqueue in a launch plan (it collects nothing: the plan submits host nodes).
+_EAGER = EnqueueContext(capturing=False)
 
 
 def enqueue_plan(

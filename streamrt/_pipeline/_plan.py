@@ -1,0 +1,121 @@
+"""Launch plans: a pipeline compiled once for eager launches on one stream, then executed with few checks.
+
+A :class:`LaunchPlan` is built the first time a pipeline version is launched
+with the ``"stream"`` policy on a stream (one device, tracing off) and kept
+until the pipeline changes. It holds:
+
+* ``steps``: the nodes' backend calls bound to their handles and arguments,
+  in topological order (``Node._plan_step``); a Python host node is a request
+  submitted to the stream's worker;
+* ``roots``: the root buffers of every node (views resolved), each once;
+* ``keep``: the keepalive of a launch (buffers, callables, arguments, packed
+  kernel arguments);
+* ``events``: the events of record and wait nodes.
+
+:meth:`LaunchPlan.launch` re-checks only what can change between launches:
+the stream closed, a root buffer released, an event closed, and a capture in
+progress on the stream (another library's; eager work cannot go into it).
+It notes each root buffer's stream once, makes the stream wait for the
+previous run of the pipeline when that ran elsewhere, runs the steps, and
+ends with the Run, whose tail resolves it (see :mod:`._run`). A launch that
+fails midway leaves what was enqueued to run (see ``Pipeline._fail_partial``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .._errors import CaptureError
+from .._hostcall import HostRequest
+from ._nodes import Node, RecordNode, WaitNode
+from ._run import Run, serialize_after
+
+if TYPE_CHECKING:
+    from .._event import Event
+    from .._stream import Stream
+    from ._builder import Pipeline
+
+__all__ = ["LaunchPlan"]
+
+
+class LaunchPlan:
+    """``pipeline`` compiled for eager launches on ``stream``. See the module docstring."""
+
+    __slots__ = ("backend", "channel", "events", "keep", "names", "pipeline", "records", "roots", "steps", "stream")
+
+    def __init__(self, pipeline: Pipeline, stream: Stream, nodes: list[Node], order: list[int], keep: tuple[Any, ...]) -> None:
+        self.pipeline = pipeline
+        self.stream = stream
+        self.backend = stream._backend
+        extra: list[Any] = []
+        steps = []
+        names = []
+        for i in order:
+            node = nodes[i]
+            step = node._plan_step(stream, extra)
+            if step is not None:
+                steps.append(step)
+                names.append(node._name)
+        self.steps = tuple(steps)
+        self.names = tuple(names)
+        self.keep = (*keep, *extra)
+        rt = stream._runtime  # buffers of other devices are noted on their peer streams (see streamrt._peer)
+        self.roots = tuple({id(r): r for r in (b.base for node in nodes for b in node.buffers()) if r._runtime is rt}.values())
+        self.events: tuple[Event, ...] = tuple(n.event for n in nodes if isinstance(n, (RecordNode, WaitNode)))
+        self.records: tuple[Event, ...] = tuple(n.event for n in nodes if isinstance(n, RecordNode))
+        # the stream's host-call worker, made now (not on every launch) when the pipeline has Python host nodes
+        self.channel = stream._runtime._engine._channel(stream._handle) if any(fn is None for fn, _ in steps) else None
+
+    def launch(self) -> Run:
+        """Enqueue the pipeline on the plan's stream; its :class:`Run`. See the module docstring."""
+        stream = self.stream
+        pipeline = self.pipeline
+        rt = stream._runtime
+        backend = self.backend
+        handle = stream._handle
+        with stream._lock, pipeline._lock:
+            if stream._closed:
+                stream._check_open()
+            for b in self.roots:
+                if b._released:
+                    raise ValueError(f"pipeline {pipeline._name!r} uses a released buffer ({b!r})")
+            for ev in self.events:
+                if ev._closed:
+                    ev._check_open()
+            if backend.stream_is_capturing(handle):
+                raise CaptureError(
+                    f"{stream.name} is capturing: launch() enqueues eager work whose completion is watched; "
+                    "use pipeline.capture(stream) to record the pipeline into a graph"
+                )
+            if rt._multi_device:  # kernel launches and the tail event need the stream's device current
+                backend.ensure_device(rt._device)
+            chain = pipeline._chain
+            prev = chain.last
+            if prev is not None and not prev._done:
+                serialize_after(prev, (stream,))  # nothing to do when it ran on this stream
+            host: list[tuple[str, HostRequest]] = []
+            step = 0
+            try:
+                for step, (fn, args) in enumerate(self.steps):
+                    if fn is None:
+                        req = HostRequest(args[0], args[1], committed=False)
+                        self.channel.submit(req)  # type: ignore[union-attr]
+                        host.append((self.names[step], req))
+                    else:
+                        fn(*args)
+            except BaseException as exc:
+                pipeline._fail_partial_plan(stream, self.keep, host, self.names[step], exc)
+                raise
+            if host:
+                rt._engine._host_calls += len(host)
+            for ev in self.records:
+                ev._recorded_on = handle
+            for b in self.roots:  # each root buffer's stream noted once (see Buffer.note_stream)
+                used = b._streams
+                if used is None:
+                    b._streams = {stream}
+                elif stream not in used:
+                    used.add(stream)
+            run = Run(pipeline._name, "stream", (stream,), tuple(host), self.keep, rt._engine, (stream,))
+            chain.last = run
+            return run
