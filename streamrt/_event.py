@@ -65,11 +65,7 @@ class Event:
         """
         refuse_blocking_wait("event.synchronize()")
         self._check_open()
-        tracer = self._runtime._tracer
-        if tracer is None:
-            self._runtime.backend.event_synchronize(self._handle)
-        else:
-            tracer.blocking(None, "event.synchronize", lambda: self._runtime.backend.event_synchronize(self._handle))
+        self._runtime._backend.event_synchronize(self._handle)
 
     def elapsed_ms(self, end: Event) -> float:
         """Milliseconds from this event to ``end`` (virtual time on the simulator).
@@ -82,7 +78,7 @@ class Event:
             raise TypeError(f"elapsed_ms takes an Event, not {type(end).__name__}")
         end._check_open()
         if end._runtime is not self._runtime and (
-            end._runtime._backend is not self._runtime._backend or end._runtime._device != self._runtime._device
+            end._runtime._base_backend is not self._runtime._base_backend or end._runtime._device != self._runtime._device
         ):
             raise ValueError(
                 f"elapsed_ms needs two events of one device and backend instance; got {self._runtime!r} and {end._runtime!r}"

@@ -185,8 +185,8 @@ class HostRequest:
     """
 
     __slots__ = (
-        "abandoned", "args", "committed", "completion", "exc", "finished", "fn", "owner", "post_done", "ran", "ticket", "value",
-        "worker",
+        "abandoned", "args", "committed", "completion", "exc", "finished", "fn", "owner", "post_done", "ran", "ticket", "trace",
+        "value", "worker",
     )
 
     def __init__(
@@ -197,6 +197,7 @@ class HostRequest:
         self.completion = completion
         self.owner: Any = None  # the Run that collects the outcome (pipeline and graph host nodes)
         self.worker: _Worker | None = None  # the channel or slot that runs it (set when pushed)
+        self.trace: Callable[[Callable[..., Any], tuple[Any, ...]], tuple[Any, BaseException | None]] | None = None
         self.committed = committed
         self.abandoned = False
         self.finished = False
@@ -292,6 +293,7 @@ class _Worker:
         self.done = Semaphore(0)
         self._ready_address = self.ready.address  # what the enqueued host functions name
         self._done_address = self.done.address
+        engine._workers[self._ready_address] = self  # a tracer finds the worker of a sem_post by its semaphore
         self._queue: collections.deque[HostRequest] = collections.deque()
         self._cond = threading.Condition(threading.Lock())
         self._in_flight = 0  # requests not finished (guarded by _cond)
@@ -311,12 +313,11 @@ class _Worker:
             self._thread.start()
             self._started = True
 
-    def _enqueue_native(self, stream: int, fn: Callable[..., Any]) -> None:
+    def _enqueue_native(self, stream: int, fn: Callable[..., Any], backend: Any) -> None:
         engine = self._engine
-        backend = engine._backend
-        backend.launch_host_func(stream, SEM_POST_ADDRESS, self.ready.address)
+        backend.launch_host_func(stream, SEM_POST_ADDRESS, self._ready_address)
         engine._announce_host_work(fn)
-        backend.launch_host_func(stream, SEM_WAIT_ADDRESS, self.done.address)
+        backend.launch_host_func(stream, SEM_WAIT_ADDRESS, self._done_address)
 
     # -- bookkeeping -----------------------------------------------------------
     def _push(self, req: HostRequest) -> None:
@@ -399,6 +400,7 @@ class _Worker:
         the queue then belongs to failed streams and will never be reached.
         Idempotent: a slot closed by its graph and again by the engine is stopped once.
         """
+        self._engine._workers.pop(self._ready_address, None)
         leftovers = []
         with self._cond:
             if self._stopping:
@@ -468,11 +470,12 @@ class _Worker:
                 req.args = ()
                 if fn is not None:
                     estimates = self._engine._host_work
+                    call = _call if req.trace is None else req.trace  # a traced call times its run
                     if estimates is None:
-                        req.value, req.exc = _call(fn, args)
+                        req.value, req.exc = call(fn, args)
                     else:
                         t0 = time.thread_time()  # CPU time: waiting for the GIL is not the function's run time
-                        req.value, req.exc = _call(fn, args)
+                        req.value, req.exc = call(fn, args)
                         estimates.for_function(fn).add((time.thread_time() - t0) * 1e6)
                     req.ran = True
                 del fn, args  # dropped here, on the worker thread
@@ -513,17 +516,19 @@ class HostChannel(_Worker):
         self._ticket = 0 if self._word is None else self._word.value  # the last ticket handed out
         self._opened = self._ticket  # the highest ticket stored (guarded by _cond)
 
-    def submit(self, req: HostRequest) -> HostRequest:
+    def submit(self, req: HostRequest, backend: Any = None) -> HostRequest:
         """Enqueue ``req`` (made with ``committed=False``) on the stream; raises the backend's error if
         nothing was enqueued.
 
-        Call with the stream's enqueue lock held. If ``sem_post(ready)`` was
-        enqueued but the hold was not, the request is abandoned with that
-        error (``fn`` will not run) and the error is raised.
+        Call with the stream's enqueue lock held. ``backend``: the stream's
+        (a tracing wrapper while a trace is open), else the engine's. If
+        ``sem_post(ready)`` was enqueued but the hold was not, the request is
+        abandoned with that error (``fn`` will not run) and the error is raised.
         """
         fn = req.fn
         engine = self._engine
-        backend = engine._backend
+        if backend is None:
+            backend = engine._backend
         self._push(req)
         try:
             backend.launch_host_func(self.stream, SEM_POST_ADDRESS, self._ready_address)
@@ -620,11 +625,12 @@ class HostSlot(_Worker):
         """Its positional arguments (kept alive as long as the slot)."""
         return self._args
 
-    def capture(self, stream: int) -> None:
-        """Enqueue the slot's two native host functions on ``stream`` (normally capturing)."""
+    def capture(self, stream: int, backend: Any = None) -> None:
+        """Enqueue the slot's two native host functions on ``stream`` (normally capturing), through
+        ``backend`` (the stream's; default: the engine's)."""
         self._check_open()
         self._start()
-        self._enqueue_native(stream, self._fn)
+        self._enqueue_native(stream, self._fn, self._engine._backend if backend is None else backend)
 
     def arm(self) -> HostRequest:
         """Expect one more run; returns its request, whose outcome the replay's Run reads. Call before each launch."""

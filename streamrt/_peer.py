@@ -48,7 +48,7 @@ def check_peer_buffer(stream: Stream, buf: Buffer, what: str) -> None:
     """Raise unless ``buf`` (of a runtime other than ``stream``'s) may take part in a peer copy on ``stream``."""
     other = buf._runtime
     mine = stream._runtime
-    if other is None or other._backend is not mine._backend:
+    if other is None or other._base_backend is not mine._base_backend:
         raise ValueError(
             f"{what} belongs to another runtime ({other!r}) with a different backend instance than the stream's "
             f"({mine!r}): no stream of one backend instance can use the other's memory; copy through host memory"
@@ -108,24 +108,18 @@ def peer_copy(
     dst: Buffer,
     src: Buffer,
     nbytes: int,
-    *,
-    trace: bool = True,
-    pipeline: str | None = None,
-    node: str | None = None,
 ) -> None:
     """Enqueue a copy of ``nbytes`` device bytes between two devices on ``stream`` (validated by the caller).
 
     The peer streams of the other runtimes are created before anything is
-    enqueued, so a failure leaves nothing half-done. While the stream's
-    runtime is traced the copy is traced as a ``device_to_device`` op
-    (labelled ``pipeline``/``node`` when given); ``trace=False`` keeps it out.
+    enqueued, so a failure leaves nothing half-done.
     """
     rt = stream._runtime
     backend = stream._backend
     dd = dst._runtime._device  # type: ignore[union-attr]
     sd = src._runtime._device  # type: ignore[union-attr]
     if dd != sd:
-        ensure_peer_access(backend, sd, dd, rt._device)
+        ensure_peer_access(rt._base_backend, sd, dd, rt._device)
     others: dict[int, tuple[Any, list[Buffer]]] = {}
     for buf in (dst, src):
         owner = buf._runtime
@@ -135,22 +129,10 @@ def peer_copy(
                 others[id(owner)] = (owner._peer_stream(), [buf])  # type: ignore[union-attr]
             else:
                 entry[1].append(buf)
-    tracer = rt._tracer if trace else None
-    d, s, h = dst._ptr, src._ptr, stream._handle
     with stream._lock:  # the peer streams' locks are taken inside it, never the other way round
         if stream._closed:
             stream._check_open()
-        if tracer is None:
-            backend.memcpy_peer_async(d, dd, s, sd, nbytes, h)
-        else:
-            tracer.op(
-                stream,
-                "device_to_device",
-                nbytes,
-                lambda: backend.memcpy_peer_async(d, dd, s, sd, nbytes, h),
-                pipeline=pipeline,
-                node=node,
-            )
+        backend.memcpy_peer_async(dst._ptr, dd, src._ptr, sd, nbytes, stream._handle)
         for buf in (dst, src):
             if buf._runtime is rt:
                 buf.note_stream(stream)

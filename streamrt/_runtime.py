@@ -160,7 +160,8 @@ class Runtime:
         await_poll_us: float = DEFAULT_AWAIT_POLL_US,
         lease: BackendLease | None = None,
     ) -> None:
-        self._backend = backend
+        self._backend = backend  # the tracing wrapper while a trace is open (see _trace_backend.py)
+        self._base_backend = backend  # the backend itself, always
         self._device = device
         self._lease = lease  # None: this runtime owns the backend and closes it
         # several devices visible: make this device current before creating device objects
@@ -173,7 +174,9 @@ class Runtime:
         self._events: weakref.WeakSet[Event] = weakref.WeakSet()
         # native host functions by id(): (function, address), kept alive until close
         self._native_functions: dict[int, tuple[object, int]] = {}
-        self._tracer: Any = None  # a tracer while tracing is on; Stream/Event hooks test it for None
+        self._tracer: Any = None  # a tracer while tracing is on (its backend wrapper is installed: _trace_backend.py)
+        self._kernel_names: dict[int, str] = {}  # kernel function handle -> name (traces name launches)
+        self._graph_names: dict[int, tuple[str, tuple[str, ...]]] = {}  # graph exec -> pipeline, node names (traces)
         self._last_trace: Trace | None = None
         self._torch_context: Any = None  # streamrt.torch's per-runtime state, made on first use
         self._schedulers: weakref.WeakSet[Scheduler] = weakref.WeakSet()
@@ -214,8 +217,9 @@ class Runtime:
 
     @property
     def backend(self) -> Backend:
-        """The backend object (plain primitives over int handles): an escape hatch."""
-        return self._backend
+        """The backend object (plain primitives over int handles): an escape hatch. Work enqueued
+        through it directly is not traced."""
+        return self._base_backend
 
     @property
     def device(self) -> int:
@@ -379,11 +383,7 @@ class Runtime:
         self._check_open()
         if self._multi_device:
             self._backend.ensure_device(self._device)
-        tracer = self._tracer
-        if tracer is None:
-            self._backend.device_synchronize()
-        else:
-            tracer.blocking(None, "runtime.synchronize", self._backend.device_synchronize)
+        self._backend.device_synchronize()
 
     def close(self) -> None:
         """Drain and shut down, deterministically: waits for all in-flight work and

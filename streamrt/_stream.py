@@ -106,7 +106,7 @@ class Stream:
 
     def __init__(self, runtime: Runtime, handle: int, *, priority: int = 0, owned: bool, name: str | None = None, foreign: Any = None) -> None:
         self._runtime = runtime
-        self._backend = runtime.backend
+        self._backend = runtime._backend  # the tracing wrapper while a trace is open
         self._handle = handle
         self._priority = priority
         self._owned = owned
@@ -177,11 +177,7 @@ class Stream:
         with self._lock:
             if self._closed:
                 self._check_open()
-            tracer = self._runtime._tracer
-            if tracer is None:
-                self._backend.memset_async(buf._ptr, value, n, self._handle)
-            else:
-                tracer.op(self, "memset", n, lambda: self._backend.memset_async(buf._ptr, value, n, self._handle))
+            self._backend.memset_async(buf._ptr, value, n, self._handle)
         buf.note_stream(self)
 
     def copy(self, dst: Any, src: Any, nbytes: int | None = None) -> None:
@@ -221,11 +217,7 @@ class Stream:
         with self._lock:
             if self._closed:
                 self._check_open()
-            tracer = self._runtime._tracer
-            if tracer is None:
-                self._backend.memcpy_async(d._ptr, s._ptr, n, kind, self._handle)
-            else:
-                tracer.op(self, kind.name.lower(), n, lambda: self._backend.memcpy_async(d._ptr, s._ptr, n, kind, self._handle))
+            self._backend.memcpy_async(d._ptr, s._ptr, n, kind, self._handle)
         d.note_stream(self)
         s.note_stream(self)
 
@@ -285,16 +277,9 @@ class Stream:
         with self._lock:
             if self._closed:
                 self._check_open()
-            tracer = runtime._tracer
             if address is None:
-                engine = runtime._engine
-                if tracer is None:
-                    return engine.host_call(self._handle, fn, args)
-                return tracer.host_call(self, fn, args, engine.host_call)
-            if tracer is None:
-                self._backend.launch_host_func(self._handle, address, user_data)
-            else:
-                tracer.op(self, "host_native", 0, lambda: self._backend.launch_host_func(self._handle, address, user_data))
+                return runtime._engine.host_call(self._handle, fn, args, backend=self._backend)
+            self._backend.launch_host_func(self._handle, address, user_data)
         return None
 
     # -- kernels --------------------------------------------------------------------------------
@@ -329,11 +314,7 @@ class Stream:
         with self._lock:
             if self._closed:
                 self._check_open()
-            tracer = self._runtime._tracer
-            if tracer is None:
-                self._backend.event_record(event._handle, self._handle)
-            else:
-                tracer.op(self, "record", 0, lambda: self._backend.event_record(event._handle, self._handle))
+            self._backend.event_record(event._handle, self._handle)
             event._recorded_on = self._handle
         return event
 
@@ -349,7 +330,7 @@ class Stream:
             self._check_open()
         if not isinstance(event, Event):
             raise TypeError(f"wait takes an Event, not {type(event).__name__}")
-        if event._runtime is not self._runtime and event._runtime._backend is not self._backend:
+        if event._runtime is not self._runtime and event._runtime._base_backend is not self._runtime._base_backend:
             raise ValueError(
                 f"event belongs to another runtime ({event._runtime!r}) with a different backend instance than the "
                 f"stream's ({self._runtime!r}): streams wait only on events of their own backend instance"
@@ -358,11 +339,7 @@ class Stream:
         with self._lock:
             if self._closed:
                 self._check_open()
-            tracer = self._runtime._tracer
-            if tracer is None:
-                self._backend.stream_wait_event(self._handle, event._handle)
-            else:
-                tracer.op(self, "wait_event", 0, lambda: self._backend.stream_wait_event(self._handle, event._handle))
+            self._backend.stream_wait_event(self._handle, event._handle)
 
     def wait_stream(self, other: Stream) -> None:
         """Make later work on this stream wait for all work enqueued so far on ``other``.
@@ -386,11 +363,7 @@ class Stream:
         refuse_blocking_wait("stream.synchronize()")
         with self._lock:
             self._check_open()
-            tracer = self._runtime._tracer
-            if tracer is None:
-                self._backend.stream_synchronize(self._handle)
-            else:
-                tracer.blocking(self, "stream.synchronize", lambda: self._backend.stream_synchronize(self._handle))
+            self._backend.stream_synchronize(self._handle)
 
     def wait_idle(self) -> Completion:
         """An awaitable :class:`Completion` that resolves when the work enqueued so far has completed.

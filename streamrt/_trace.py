@@ -11,9 +11,9 @@ for one region::
     t.save_timeline("timeline.png")
 
 How it works. While tracing is on, ``Runtime._tracer`` is a :class:`Tracer`
-and the core's hooks (``Stream``, ``Event``, ``Runtime``) hand every enqueue,
-host function and blocking call to it; with tracing off the hooks cost one
-attribute load and a ``None`` test. Each op records:
+and the runtime's backend is a wrapper that hands every enqueue, host
+function and blocking call to it (``streamrt._trace_backend``); with tracing
+off nothing of it runs: the streams call the backend itself. Each op records:
 
 * the host enqueue time and the enqueuing thread;
 * its device start and end: on a GPU from two pooled timing events recorded
@@ -49,6 +49,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ._trace_records import BlockingRecord, Trace, TraceRecord
+from ._trace_backend import install, uninstall
 from ._tracer import Tracer, current_label, label
 
 if TYPE_CHECKING:
@@ -109,6 +110,7 @@ def start_trace(rt: Runtime, *, name: str = "trace", clock: str = "auto") -> Tra
         raise RuntimeError("tracing is already on for this runtime (one trace at a time)")
     tracer = Tracer(rt, name=name, clock=clock)
     rt._tracer = tracer
+    install(rt, tracer)
     return tracer
 
 
@@ -120,6 +122,7 @@ def stop_trace(rt: Runtime) -> Trace:
     tracer = rt._tracer
     if tracer is None:
         raise RuntimeError("tracing is not on for this runtime")
+    uninstall(rt)
     rt._tracer = None
     trace = tracer.finish()
     rt._last_trace = trace

@@ -200,7 +200,7 @@ class _VirtualClock:
         self.host_now: Callable[[], float] = backend.host_now_us
 
 
-def _completion_latency_us(completion: Completion | None, host_end_ns: int | None) -> float | None:
+def _completion_latency_us(completion: Any, host_end_ns: int | None) -> float | None:
     """Host function end -> its Completion resolved, µs (``None`` when either is unknown)."""
     if completion is None or host_end_ns is None or not completion.is_done:
         return None
@@ -263,10 +263,31 @@ class _Pending:
         self.host_thread: str | None = None
         self.wh0: int | None = None
         self.wh1: int | None = None
-        self.completion: Completion | None = None  # a Python host call's; its resolution time is read at finish
+        self.completion: Any = None  # a Python host call's request; its resolution time is read at finish
         self.error: str | None = None
         self.node_names: Sequence[str] | None = None
         self.op_name: str | None = None
+
+
+class _HostTiming:
+    """A traced Python host call's run: the worker calls it instead of ``fn(*args)``."""
+
+    __slots__ = ("_p",)
+
+    def __init__(self, p: _Pending) -> None:
+        self._p = p
+
+    def __call__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, BaseException | None]:
+        p = self._p
+        p.host_thread = threading.current_thread().name
+        p.wh0 = time.perf_counter_ns()
+        try:
+            return fn(*args), None
+        except BaseException as exc:  # noqa: BLE001 - delivered to the awaiter by the worker
+            p.error = f"{type(exc).__name__}: {exc}"[:300]
+            return None, exc
+        finally:
+            p.wh1 = time.perf_counter_ns()
 
 
 class _PendingBlock:
@@ -406,69 +427,60 @@ class Tracer:
         return self._enqueue(p, stream.handle, enqueue)
 
     def _enqueue(self, p: _Pending, handle: int, enqueue: Callable[[], Any]) -> Any:
-        clock = self._clock
-        if self._virtual:
-            p.v0 = clock.host_now()
-            p.w0 = time.perf_counter_ns()
+        self._begin(p, handle)
+        try:
             result = enqueue()
-            p.w1 = time.perf_counter_ns()
-            p.v1 = clock.host_now()
+        except BaseException:
+            if not self._virtual:
+                self._clock.release(p.ev0)
+            raise
+        self._end(p, handle)
+        return result
+
+    def _begin(self, p: _Pending, handle: int) -> None:
+        """The op's enqueue starts: host times, and on a GPU a timing event before it."""
+        if self._virtual:
+            p.v0 = self._clock.host_now()
         else:
-            p.ev0 = clock.mark(handle)
-            try:
-                p.w0 = time.perf_counter_ns()
-                result = enqueue()
-                p.w1 = time.perf_counter_ns()
-            except BaseException:
-                clock.release(p.ev0)
-                raise
-            p.ev1 = clock.mark(handle) if p.ev0 is not None else None
+            p.ev0 = self._clock.mark(handle)
+        p.w0 = time.perf_counter_ns()
+
+    def _end(self, p: _Pending, handle: int) -> None:
+        """The op's enqueue ended: host times, a timing event after it; the op is recorded."""
+        p.w1 = time.perf_counter_ns()
+        if self._virtual:
+            p.v1 = self._clock.host_now()
+        else:
+            p.ev1 = self._clock.mark(handle) if p.ev0 is not None else None
             p.v0, p.v1 = (p.w0 - self._t0) / 1000.0, (p.w1 - self._t0) / 1000.0
         self._ops.append(p)
         self._last_on_stream[handle] = p.seq
-        return result
 
-    def host_call(
-        self,
-        stream: Stream,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        host_call: Callable[[int, Callable[..., Any], tuple[Any, ...]], Completion],
-        *,
-        pipeline: str | None = None,
-        node: str | None = None,
-    ) -> Completion:
-        """Trace a Python host function: ``host_call(stream.handle, wrapped_fn, args)``, returning its Completion.
+    def host_call_begin(self, stream: Stream, worker: Any) -> _Pending:
+        """A Python host function's enqueue starts: its first host function is next on ``stream``.
 
-        The wrapper records the thread and the (real) time ``fn`` ran and the
-        exception it raised, then re-raises it unchanged; the Completion's own
-        resolution stamp is read when the trace finishes. ``pipeline``/``node`` label it
-        (default: :func:`label`'s, else the function's name).
+        ``worker`` (its stream's channel, or a graph's host slot) has just
+        queued the call's request: the request's ``trace`` then makes the
+        worker record the thread and the (real) time the function ran and the
+        exception it raised; its resolution stamp is read when the trace
+        finishes. Labelled by :func:`label`, else by the function's name.
+        Pass the result to :meth:`host_call_end` once its hold is enqueued.
         """
         p = self._new(stream, "host_python", 0)
-        if pipeline is not None:
-            p.pipeline = pipeline
-        if node is not None:
-            p.node = node
+        queue = worker._queue
+        req = queue[-1] if queue else None
+        fn = (req.fn if req is not None else None) or getattr(worker, "fn", None)
         if p.node is None:
             p.node = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or "host function"
+        if req is not None and req.trace is None:
+            req.trace = _HostTiming(p)
+            p.completion = req
+        self._begin(p, stream.handle)
+        return p
 
-        def traced(*a: Any) -> Any:
-            p.host_thread = threading.current_thread().name
-            p.wh0 = time.perf_counter_ns()
-            try:
-                return fn(*a)
-            except BaseException as exc:
-                p.error = f"{type(exc).__name__}: {exc}"[:300]
-                raise
-            finally:
-                p.wh1 = time.perf_counter_ns()
-
-        traced.__wrapped__ = fn  # type: ignore[attr-defined]
-        completion = self._enqueue(p, stream.handle, lambda: host_call(stream.handle, traced, args))
-
-        p.completion = completion
-        return completion
+    def host_call_end(self, p: _Pending) -> None:
+        """The Python host function's second half (the hold of its stream) is enqueued: the op is recorded."""
+        self._end(p, p.handle)
 
     def blocking(self, stream: Stream | None, what: str, call: Callable[[], None]) -> None:
         """Trace a blocking call: runs ``call()`` and records how long the host was blocked."""

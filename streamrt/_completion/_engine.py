@@ -154,6 +154,7 @@ class CompletionEngine:
         # idle signals for new channels; None: channels hold their stream with sem_wait(done)
         self._signals: list[int] | None = [] if self._uses_signals else None
         self._slots: set[HostSlot] = set()
+        self._workers: dict[int, Any] = {}  # host-call workers by their `ready` semaphore's address (tracing)
         self._pool: list[int] = []
         self._events_created = 0
         self._host_calls = 0
@@ -343,7 +344,9 @@ class CompletionEngine:
         completion._notifier = self._notifier
         return completion
 
-    def host_call(self, stream: int, fn: Callable[..., Any], args: tuple[Any, ...] = (), *, capture_checked: bool = False) -> Completion:
+    def host_call(
+        self, stream: int, fn: Callable[..., Any], args: tuple[Any, ...] = (), *, capture_checked: bool = False, backend: Any = None
+    ) -> Completion:
         """Run the Python ``fn(*args)`` in stream order on a runtime worker thread.
 
         Enqueues two native host functions on ``stream``: ``sem_post(ready)``
@@ -357,30 +360,32 @@ class CompletionEngine:
         stream. Raises ``CaptureError`` if ``stream`` is capturing (use
         :meth:`host_slot` for graphs). ``capture_checked``: the caller has just
         checked that ``stream`` is not capturing (a pipeline launch), so the
-        check is not repeated.
+        check is not repeated. ``backend``: the stream's, for the two host
+        functions (a tracing wrapper while a trace is open); the guard event
+        is the engine's own.
         """
         if not callable(fn):
             raise TypeError(f"host function must be callable, got {type(fn).__name__}")
-        backend = self._backend
+        own = self._backend  # the guard event is the engine's
         lane = self._lane(stream)
         with lane.lock:
             lane._depth += 1  # a record-and-push section (see _Lane, "Order")
             try:
                 self._check_open()
-                if not capture_checked and backend.stream_is_capturing(stream):
+                if not capture_checked and own.stream_is_capturing(stream):
                     raise CaptureError(
                         "host_call cannot be captured: a captured host node must re-run on every replay; "
                         "use CompletionEngine.host_slot (pipelines do this in Pipeline.capture)"
                     )
                 channel = self._channel(stream)
                 completion = self._new_completion()
-                req = channel.submit(HostRequest(fn, tuple(args), completion, committed=False))
+                req = channel.submit(HostRequest(fn, tuple(args), completion, committed=False), backend)
                 self._host_calls += 1
                 # The guard event after the call: its lane resolves the Completion in stream
                 # order, and fails the call instead if the stream dies before reaching it.
                 event = self._acquire_event()
                 try:
-                    backend.event_record(event, stream)
+                    own.event_record(event, stream)
                 except BaseException as exc:
                     self._pool.append(event)
                     channel.abandon(req, exc)  # no guard, no watchdog: fn will not run
@@ -393,7 +398,7 @@ class CompletionEngine:
         completion._log_unretrieved = True
         return completion
 
-    def host_request(self, stream: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> HostRequest:
+    def host_request(self, stream: int, fn: Callable[..., Any], args: tuple[Any, ...], backend: Any = None) -> HostRequest:
         """A pipeline's Python host node: ``fn(*args)`` in stream order on the stream's worker, with no
         Completion of its own and no guard event.
 
@@ -405,7 +410,7 @@ class CompletionEngine:
         lane = self._lane(stream)
         with lane.lock:
             self._check_open()
-            req = self._channel(stream).submit(HostRequest(fn, args, committed=False))
+            req = self._channel(stream).submit(HostRequest(fn, args, committed=False), backend)
             self._host_calls += 1
         return req
 

@@ -171,6 +171,7 @@ class Kernel:
         self._spec = spec
         self._module = module
         self._function = function
+        module.runtime._kernel_names[function] = signature.name  # a traced launch is named by it
         modes: dict[str, str] = {}
         for p in signature.params:
             if p.is_pointer:

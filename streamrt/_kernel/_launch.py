@@ -89,11 +89,10 @@ def launch_prepared(stream: Stream, grid: tuple[int, int, int], block: tuple[int
         backend.ensure_device(rt._device)
     function = kernel.function
     handle = stream._handle
-    tracer = rt._tracer
-    if tracer is None:
-        backend.launch_kernel(function, g, b, smem, handle, address)
-    else:
-        tracer.op(stream, "kernel", 0, lambda: backend.launch_kernel(function, g, b, smem, handle, address), name=kernel.name)
+    with stream._lock:
+        if stream._closed:
+            stream._check_open()
+        backend.launch_kernel(function, g, b, smem, handle, address)  # a trace names it by its kernel
     for _p, buf, _mode, _n in bound.buffers:
         buf.note_stream(stream)
 

@@ -359,7 +359,7 @@ class Pipeline:
         if not (wait_for is None or wait_for == "stream" or isinstance(wait_for, Event)):
             raise TypeError("wait_for must be 'stream', an Event or None")
         stream = self._check_stream(stream)
-        if isinstance(wait_for, Event) and wait_for._runtime is not stream._runtime and wait_for._runtime._backend is not stream._backend:
+        if isinstance(wait_for, Event) and wait_for._runtime is not stream._runtime and wait_for._runtime._base_backend is not stream._runtime._base_backend:
             raise ValueError("wait_for event belongs to another runtime with a different backend instance")
         rt = stream._runtime
         if rt._multi_device:  # host-node events and kernel launches need the stream's device current
@@ -510,7 +510,7 @@ class Pipeline:
             if (
                 isinstance(node, (RecordNode, WaitNode))
                 and node.event._runtime is not rt
-                and node.event._runtime._backend is not rt._backend
+                and node.event._runtime._base_backend is not rt._base_backend
             ):
                 raise ValueError(f"node {node.name!r}: its event belongs to another runtime than the stream's")
         return stream
@@ -611,7 +611,7 @@ class Pipeline:
             raise TypeError(f"node {name!r} needs an Event, not {type(event).__name__}")
         event._check_open()
         if self._runtime is not None and event._runtime is not self._runtime:
-            if event._runtime._backend is not self._runtime._backend:
+            if event._runtime._base_backend is not self._runtime._base_backend:
                 raise ValueError(f"node {name!r}: the event belongs to another runtime with a different backend instance")
             if record:
                 self._join_runtime(event._runtime, f"node {name!r}: the event")
@@ -645,7 +645,7 @@ class Pipeline:
         known = self._devices.get(rt._device)
         if known is rt:
             return
-        if rt._backend is not home._backend or rt._device == home._device or known is not None:
+        if rt._base_backend is not home._base_backend or rt._device == home._device or known is not None:
             raise ValueError(f"{what} belongs to another runtime than the pipeline's other buffers")
         self._devices[rt._device] = rt
 

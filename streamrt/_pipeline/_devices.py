@@ -43,7 +43,7 @@ from .._buffer import Buffer
 from .._errors import ClosedError
 from .._peer import peer_copy
 from ._deps import ForkPlan, reduce_edges
-from ._nodes import CopyNode, _EAGER, EnqueueContext, Node, PlanStep, RecordNode, WaitNode, _traced_record, _traced_wait
+from ._nodes import CopyNode, _EAGER, EnqueueContext, Node, PlanStep, RecordNode, WaitNode, labelled
 from ._run import Run
 from .._streampool import pool_for
 
@@ -64,7 +64,7 @@ class PeerCopyNode(CopyNode):
 
     def _enqueue(self, stream: Stream, ctx: EnqueueContext) -> None:
         if self.nbytes:
-            peer_copy(stream, self.dst, self.src, self.nbytes, trace=False)
+            peer_copy(stream, self.dst, self.src, self.nbytes)
         else:
             for b in (self.dst, self.src):
                 if b._runtime is stream._runtime:
@@ -72,12 +72,6 @@ class PeerCopyNode(CopyNode):
 
     def _plan_step(self, stream: Stream, keep: list[Any]) -> PlanStep | None:
         return (self._enqueue, (stream, _EAGER))  # a peer copy orders the other device's peer stream too
-
-    def _enqueue_traced(self, stream: Stream, ctx: EnqueueContext, tracer: Any) -> None:
-        if self.nbytes:
-            peer_copy(stream, self.dst, self.src, self.nbytes, pipeline=self._pipeline_name(), node=self._name)
-        else:
-            self._enqueue(stream, ctx)
 
     def _rebound(self, mapping: dict[int, Buffer]) -> Node:
         from ._nodes import _sub
@@ -158,19 +152,13 @@ def plan_slots(order: list[int], preds: list[set[int]], slot_of: list[int], slot
 
 
 def _wait(stream: Stream, event: Event, pipeline: str | None, node: str | None) -> None:
-    tracer = stream._runtime._tracer
-    if tracer is None:
+    with labelled(stream, pipeline, node):
         stream._backend.stream_wait_event(stream._handle, event._handle)
-    else:
-        _traced_wait(tracer, stream, event, pipeline, node)
 
 
 def _record(stream: Stream, event: Event, pipeline: str | None, node: str | None) -> None:
-    tracer = stream._runtime._tracer
-    if tracer is None:
+    with labelled(stream, pipeline, node):
         stream._backend.event_record(event._handle, stream._handle)
-    else:
-        _traced_record(tracer, stream, event, pipeline, node)
 
 
 def _enqueue_across(
@@ -200,11 +188,8 @@ def _enqueue_across(
             for u in waits:
                 _wait(s, events[u][0], pipeline, node._name)
             ctx.current = node._name
-            tracer = s._runtime._tracer
-            if tracer is None:
+            with labelled(s, pipeline, node._name):
                 node._enqueue(s, ctx)
-            else:
-                node._enqueue_traced(s, ctx, tracer)
             if v in plan.signals:
                 pool = pools[slot]
                 ev = pool.acquire_event()  # an event of the recording stream's device

@@ -55,6 +55,7 @@ from ._nodes import (
     Node,
     enqueue_plan,
     graph_node_names,
+    labelled,
 )
 from .._hostcall import HostRequest
 from ._run import Run, RunChain, serialize_after
@@ -77,10 +78,17 @@ class _GraphState:
     __slots__ = ("destroyed", "exec", "keep", "lock", "node_names", "pending", "retiring", "roots", "runtime", "slots")
 
     def __init__(
-        self, runtime: Runtime, exec_handle: int, slots: list[tuple[str, HostSlot]], nodes: list[Node], node_names: tuple[str, ...]
+        self,
+        name: str,
+        runtime: Runtime,
+        exec_handle: int,
+        slots: list[tuple[str, HostSlot]],
+        nodes: list[Node],
+        node_names: tuple[str, ...],
     ) -> None:
         self.runtime = runtime
         self.exec = exec_handle
+        runtime._graph_names[exec_handle] = (name, node_names)  # a traced replay is named by these
         self.slots = slots
         self.node_names = node_names
         self.keep: tuple[Any, ...] | None = tuple(x for n in nodes for x in n.keepalive())
@@ -121,8 +129,9 @@ class _GraphState:
                 self._close_slots()
 
     def _destroy_exec(self) -> None:
+        self.runtime._graph_names.pop(self.exec, None)
         if not self.runtime.is_closed:
-            self.runtime.backend.graph_exec_destroy(self.exec)
+            self.runtime._base_backend.graph_exec_destroy(self.exec)
         self.keep = None
 
     def _close_slots(self) -> None:
@@ -140,7 +149,7 @@ def _capture_exec(
     slots, returns side streams to a usable state, and raises ``CaptureError``.
     """
     rt = stream._runtime
-    backend = rt.backend
+    backend = rt._backend  # traced while a trace is open
     h = stream._handle
     if not rt.capabilities.supports_graphs:
         raise CaptureError(f"the {rt.backend_name} backend on this device does not support graphs")
@@ -174,12 +183,8 @@ def _capture_exec(
         capturing = True
         if pool is not None:
             fork_ev = pool.acquire_event()
-            tracer = rt._tracer
-            if tracer is None:
+            with labelled(stream, name, None):
                 backend.event_record(fork_ev.handle, h)
-            else:
-                ev = fork_ev.handle
-                tracer.op(stream, "record", 0, lambda: backend.event_record(ev, h), event=ev, pipeline=name)
         enqueue_plan(nodes, order, plan, [stream, *sides], pool, ctx, fork_from_caller=fork_ev, join=True)
         capturing = False
         graph = backend.stream_end_capture(h)
@@ -225,7 +230,7 @@ def capture_pipeline(
     """Capture a validated pipeline (see ``Pipeline.capture``)."""
     preds_after = [{u for u, reasons in node._pipeline._preds[node.index].items() if "after" in reasons} for node in nodes]
     exec_handle, slots, node_names = _capture_exec(name, nodes, order, plan, stream, mode)
-    state = _GraphState(stream._runtime, exec_handle, slots, nodes, node_names)
+    state = _GraphState(name, stream._runtime, exec_handle, slots, nodes, node_names)
     return Graph(name, stream._runtime, nodes, preds_after, plan is not None, mode, state, chain)
 
 
@@ -321,20 +326,8 @@ class Graph:
                 req = HostRequest(None, ())
                 slot._push(req)
                 armed.append((name, req))
-            tracer = rt._tracer
             try:
-                if tracer is None:
-                    backend.graph_launch(state.exec, stream._handle)
-                else:
-                    exec_handle, handle = state.exec, stream._handle
-                    tracer.op(
-                        stream,
-                        "graph_launch",
-                        0,
-                        lambda: backend.graph_launch(exec_handle, handle),
-                        pipeline=self._name,
-                        node_names=state.node_names,
-                    )
+                backend.graph_launch(state.exec, stream._handle)  # traced with its names while tracing
             except BaseException:
                 for (_, req), (_, slot) in zip(armed, state.slots):
                     slot.disarm(req)
@@ -425,7 +418,7 @@ class Graph:
             finally:
                 pool.release_streams([capture_stream])
             old_state = self._state
-            self._state = _GraphState(self._runtime, exec_handle, slots, nodes, node_names)
+            self._state = _GraphState(self._name, self._runtime, exec_handle, slots, nodes, node_names)
             self._nodes = nodes
             self._updates += 1
         old_state.retire()

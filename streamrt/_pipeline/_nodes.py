@@ -9,16 +9,15 @@ into a capture (:meth:`Node._enqueue`), through the backend's primitives.
 or several (a :class:`~streamrt._pipeline._deps.ForkPlan`), ordering streams
 with pooled events. It is shared by ``Pipeline.launch`` and ``Pipeline.capture``.
 
-Tracing. When the runtime's tracer is on (``runtime._tracer is not None``),
-:func:`enqueue_plan` enqueues each node through :meth:`Node._enqueue_traced`
-instead of :meth:`Node._enqueue`, and its own ordering waits and records through
-the tracer: every op then reaches the tracer (on a GPU the only way it is seen)
-labelled with the pipeline's and the node's names. With tracing off the cost is
-one ``None`` test per node and per ordering op; nothing else runs.
+Tracing. Nodes have one enqueue. While a trace is open the runtime's backend
+is the tracing wrapper (:mod:`streamrt._trace_backend`), so every op reaches
+the tracer; :func:`enqueue_plan` names them by labelling each node's ops with
+the pipeline's and the node's names (a launch plan is not used while tracing).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -114,27 +113,6 @@ class Node:
         """Put the node on ``stream`` (eagerly, or into the capture ``stream`` is part of). Untraced."""
         raise NotImplementedError
 
-    def _enqueue_traced(self, stream: Stream, ctx: EnqueueContext, tracer: Any) -> None:
-        """:meth:`_enqueue` while tracing: the ops go through ``tracer`` labelled with the
-        pipeline's and the node's names.
-
-        This default traces the whole of :meth:`_enqueue` as one op of the
-        node's :attr:`kind` (right for a node that makes one backend call, such
-        as a kernel launch node; a ``kernel`` attribute with a ``name`` names
-        the op). Nodes whose enqueue goes through ``Stream`` methods (which
-        trace themselves) or makes several calls override it.
-        """
-        kernel_name = getattr(getattr(self, "kernel", None), "name", None)
-        tracer.op(
-            stream,
-            self.kind,
-            0,
-            lambda: self._enqueue(stream, ctx),
-            pipeline=self._pipeline_name(),
-            node=self._name,
-            name=kernel_name if isinstance(kernel_name, str) else None,
-        )
-
     def _plan_step(self, stream: Stream, keep: list[Any]) -> PlanStep | None:
         """The node's eager enqueue on ``stream`` as one bound call ``(fn, args)`` for a launch plan.
 
@@ -205,14 +183,6 @@ class MemsetNode(Node):
             stream._backend.memset_async(self.dst._ptr, self.value, self.nbytes, stream._handle)
         self.dst.note_stream(stream)
 
-    def _enqueue_traced(self, stream: Stream, ctx: EnqueueContext, tracer: Any) -> None:
-        if self.nbytes:
-            backend, ptr, value, n, handle = stream._backend, self.dst._ptr, self.value, self.nbytes, stream._handle
-            tracer.op(
-                stream, "memset", n, lambda: backend.memset_async(ptr, value, n, handle), pipeline=self._pipeline_name(), node=self._name
-            )
-        self.dst.note_stream(stream)
-
     def _graph_nodes(self) -> int | None:
         return 1 if self.nbytes else 0
 
@@ -241,21 +211,6 @@ class CopyNode(Node):
     def _enqueue(self, stream: Stream, ctx: EnqueueContext) -> None:
         if self.nbytes:  # an empty copy is a no-op (and not a valid graph node)
             stream._backend.memcpy_async(self.dst._ptr, self.src._ptr, self.nbytes, self.direction, stream._handle)
-        self.dst.note_stream(stream)
-        self.src.note_stream(stream)
-
-    def _enqueue_traced(self, stream: Stream, ctx: EnqueueContext, tracer: Any) -> None:
-        if self.nbytes:
-            backend, handle = stream._backend, stream._handle
-            dst, src, n, direction = self.dst._ptr, self.src._ptr, self.nbytes, self.direction
-            tracer.op(
-                stream,
-                direction.name.lower(),
-                n,
-                lambda: backend.memcpy_async(dst, src, n, direction, handle),
-                pipeline=self._pipeline_name(),
-                node=self._name,
-            )
         self.dst.note_stream(stream)
         self.src.note_stream(stream)
 
@@ -307,43 +262,14 @@ class HostNode(Node):
         return (*self.buffers(), self.fn, self.args)
 
     def _enqueue(self, stream: Stream, ctx: EnqueueContext) -> None:
-        engine = stream._runtime._engine
-        if self.native_address is not None:
-            if ctx.capturing:
-                stream._backend.launch_host_func(stream._handle, self.native_address, self.user_data)
-            else:
-                engine.host_call_native(stream._handle, self.native_address, self.user_data)
+        if self.native_address is not None:  # the launch's keepalive holds the function
+            stream._backend.launch_host_func(stream._handle, self.native_address, self.user_data)
         elif ctx.capturing:
-            slot = ctx.slots[self._name]
-            slot.capture(stream._handle)
+            ctx.slots[self._name].capture(stream._handle, stream._backend)
         else:
             # launch() checked that no stream of the launch is capturing; the launch's Run reads the outcome
-            ctx.host.append((self._name, engine.host_request(stream._handle, self.fn, self.args)))
-        for b, _ in self._reads:
-            b.note_stream(stream)
-        for b, _ in self._writes:
-            b.note_stream(stream)
-
-    def _enqueue_traced(self, stream: Stream, ctx: EnqueueContext, tracer: Any) -> None:
-        """As :meth:`_enqueue`; an eager Python function goes through ``tracer.host_call``,
-        which also records where and when it ran."""
-        engine = stream._runtime._engine
-        backend, handle = stream._backend, stream._handle
-        pipeline, name = self._pipeline_name(), self._name
-        address = self.native_address
-        if address is not None:
-            user_data = self.user_data
-            if ctx.capturing:
-                enqueue = lambda: backend.launch_host_func(handle, address, user_data)  # noqa: E731
-            else:
-                enqueue = lambda: engine.host_call_native(handle, address, user_data)  # noqa: E731
-            tracer.op(stream, "host_native", 0, enqueue, pipeline=pipeline, node=name)
-        elif ctx.capturing:
-            slot = ctx.slots[name]
-            tracer.op(stream, "host_python", 0, lambda: slot.capture(handle), pipeline=pipeline, node=name)
-        else:
-            request = tracer.host_call(stream, self.fn, self.args, engine.host_request, pipeline=pipeline, node=name)
-            ctx.host.append((name, request))
+            request = stream._runtime._engine.host_request(stream._handle, self.fn, self.args, stream._backend)
+            ctx.host.append((self._name, request))
         for b, _ in self._reads:
             b.note_stream(stream)
         for b, _ in self._writes:
@@ -410,13 +336,6 @@ class EnqueueNode(Node):
         for b, _ in self._writes:
             b.note_stream(stream)
 
-    def _enqueue_traced(self, stream: Stream, ctx: EnqueueContext, tracer: Any) -> None:
-        """``fn`` runs inside :func:`~streamrt._tracer.label`: the ops it enqueues through
-        ``Stream`` methods (``launch_kernel``, ``copy``, ...) trace themselves with the pipeline's
-        and the node's names. Work it enqueues behind streamrt's back (raw handles) is not traced."""
-        with label(self._pipeline_name(), self._name):
-            self._enqueue(stream, ctx)
-
     def _rebound(self, mapping: dict[int, Buffer]) -> Node:
         return EnqueueNode(
             self._pipeline,
@@ -451,21 +370,6 @@ class _EventNode(Node):
         event._check_open()
         self._call(stream._backend, stream._handle, event._handle)
         self._after(event, stream._handle)
-
-    def _enqueue_traced(self, stream: Stream, ctx: EnqueueContext, tracer: Any) -> None:
-        event = self.event
-        event._check_open()
-        backend, handle = stream._backend, stream._handle
-        tracer.op(
-            stream,
-            self._op,
-            0,
-            lambda: self._call(backend, handle, event._handle),
-            event=event,
-            pipeline=self._pipeline_name(),
-            node=self._name,
-        )
-        self._after(event, handle)
 
     def _after(self, event: Event, stream: int) -> None:
         """Bookkeeping once the call is enqueued."""
@@ -547,38 +451,33 @@ def enqueue_plan(
     back to it before returning (waits bind at enqueue time). Raises whatever
     the backend or a node raised; ``ctx.current`` then names the node.
 
-    While tracing (the runtime's tracer is read once, at the start), nodes
-    enqueue through :meth:`Node._enqueue_traced` and the ordering ops through
-    the tracer: a step's waits and the record after it carry the step's node
-    name, the entry waits and the join waits only the pipeline's name.
+    While the runtime is traced, each node's ops (and the waits and the
+    record around a step) are enqueued under :func:`~streamrt._tracer.label`
+    with the pipeline's and the node's names, so the tracing backend labels
+    them; the entry and join waits carry the pipeline's name only.
     """
-    tracer = streams[0]._runtime._tracer
+    tag = _labels(streams[0], nodes)
     if plan is None:
         main = streams[0]
         for i in order:
             node = nodes[i]
             ctx.current = node._name
-            if tracer is None:
+            with tag(node._name):
                 node._enqueue(main, ctx)
-            else:
-                node._enqueue_traced(main, ctx, tracer)
         ctx.current = ""
         return
     assert pool is not None
-    pipeline = nodes[plan.steps[0][0]]._pipeline_name() if tracer is not None and plan.steps else None
     events: dict[int, Event] = {}
     try:
         if fork_from_caller is not None:
-            for s in streams[1:]:
-                if tracer is None:
+            with tag(None):
+                for s in streams[1:]:
                     s._backend.stream_wait_event(s._handle, fork_from_caller._handle)
-                else:
-                    _traced_wait(tracer, s, fork_from_caller, pipeline, None)
         for v, slot, waits in plan.steps:
             s = streams[slot]
             backend = s._backend
             node = nodes[v]
-            if tracer is None:
+            with tag(node._name):
                 for u in waits:
                     backend.stream_wait_event(s._handle, events[u]._handle)
                 ctx.current = node._name
@@ -587,46 +486,37 @@ def enqueue_plan(
                     ev = pool.acquire_event()
                     events[v] = ev
                     backend.event_record(ev._handle, s._handle)
-            else:
-                for u in waits:
-                    _traced_wait(tracer, s, events[u], pipeline, node._name)
-                ctx.current = node._name
-                node._enqueue_traced(s, ctx, tracer)
-                if v in plan.signals:
-                    ev = pool.acquire_event()
-                    events[v] = ev
-                    _traced_record(tracer, s, ev, pipeline, node._name)
         ctx.current = ""
         if join:
             main = streams[0]
             for slot in plan.joins:
                 tail = plan.tails[slot]
                 tail_ev = events.get(tail)
-                if tracer is None:
-                    if tail_ev is None:
-                        tail_ev = events[tail] = pool.acquire_event()
+                if tail_ev is None:
+                    tail_ev = events[tail] = pool.acquire_event()
+                    with tag(nodes[tail]._name):
                         main._backend.event_record(tail_ev._handle, streams[slot]._handle)
+                with tag(None):
                     main._backend.stream_wait_event(main._handle, tail_ev._handle)
-                else:
-                    if tail_ev is None:
-                        tail_ev = events[tail] = pool.acquire_event()
-                        _traced_record(tracer, streams[slot], tail_ev, pipeline, nodes[tail]._name)
-                    _traced_wait(tracer, main, tail_ev, pipeline, None)
     finally:
         for ev in events.values():
             pool.release_event(ev)
 
 
-def _traced_wait(tracer: Any, stream: Stream, event: Event, pipeline: str | None, node: str | None) -> None:
-    """``stream`` waits for ``event``, through the tracer (an ordering op of a fork plan)."""
-    backend, handle, ev = stream._backend, stream._handle, event._handle
-    tracer.op(stream, "wait_event", 0, lambda: backend.stream_wait_event(handle, ev), event=ev, pipeline=pipeline, node=node)
+_NO_LABEL = contextlib.nullcontext()
 
 
-def _traced_record(tracer: Any, stream: Stream, event: Event, pipeline: str | None, node: str | None) -> None:
-    """Record ``event`` on ``stream``, through the tracer (an ordering op of a fork plan)."""
-    backend, handle, ev = stream._backend, stream._handle, event._handle
-    tracer.op(stream, "record", 0, lambda: backend.event_record(ev, handle), event=ev, pipeline=pipeline, node=node)
+def labelled(stream: Stream, pipeline: str | None, node: str | None) -> contextlib.AbstractContextManager[None]:
+    """The label of ops enqueued on ``stream`` while its runtime is traced; nothing otherwise."""
+    return _NO_LABEL if stream._runtime._tracer is None else label(pipeline, node)
+
+
+def _labels(stream: Stream, nodes: list[Node]) -> Callable[[str | None], contextlib.AbstractContextManager[None]]:
+    """``tag(node_name)``: the label of a node's ops while ``stream``'s runtime is traced, else nothing."""
+    if stream._runtime._tracer is None or not nodes:
+        return lambda _node: _NO_LABEL
+    pipeline = nodes[0]._pipeline_name()
+    return lambda node: label(pipeline, node)
 
 
 def graph_node_names(nodes: list[Node], order: list[int], plan: ForkPlan | None) -> tuple[str, ...]:

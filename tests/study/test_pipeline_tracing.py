@@ -233,23 +233,43 @@ def test_host_node_errors_still_reach_the_run_while_tracing(sim_rt: srt.Runtime)
 
 
 def test_tracing_off_takes_no_traced_path(sim_rt: srt.Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With tracing off, launches and captures never reach a node's or the plan's traced enqueue."""
+    """With tracing off the streams call the backend itself: no wrapper, no tracer call, no label."""
+    from streamrt import _tracer
+    from streamrt._pipeline import _nodes as nodes_mod
+    from streamrt._trace_backend import TracingBackend
+
     s = sim_rt.create_stream()
     f = Fixture(sim_rt, s, events=False)
-    from streamrt._pipeline import _nodes as nodes_mod
 
     def refuse(*_a: object, **_k: object) -> None:
         raise AssertionError("a traced path ran with tracing off")
 
-    for cls in (nodes_mod.Node, nodes_mod.MemsetNode, nodes_mod.CopyNode, nodes_mod.HostNode, nodes_mod.EnqueueNode):
-        monkeypatch.setattr(cls, "_enqueue_traced", refuse)
-    monkeypatch.setattr(nodes_mod, "_traced_wait", refuse)
-    monkeypatch.setattr(nodes_mod, "_traced_record", refuse)
-    assert sim_rt._tracer is None
+    for name in ("op", "host_call_begin", "blocking"):
+        monkeypatch.setattr(_tracer.Tracer, name, refuse)
+    monkeypatch.setattr(nodes_mod, "label", refuse)
+    assert sim_rt._tracer is None and not isinstance(s._backend, TracingBackend)
     f.check_results(f.pipeline.launch(s, policy="fork"))
+    f.check_results(f.pipeline.launch(s))
     g = f.pipeline.capture(s, policy="fork")
     f.check_results(g.launch(s))
     g.close()
+
+
+def test_a_trace_installs_its_backend_wrapper_and_removes_it(sim_rt: srt.Runtime) -> None:
+    from streamrt._trace_backend import TracingBackend
+
+    s = sim_rt.create_stream()
+    raw = s._backend
+    with sim_rt.trace() as t:
+        assert isinstance(s._backend, TracingBackend) and sim_rt.backend is raw  # the escape hatch stays untraced
+        late = sim_rt.create_stream()  # made while tracing: traced too
+        assert late._backend is s._backend
+        late.memset(sim_rt.device_allocator.allocate(64, stream=late), 1)
+        s.synchronize()
+    assert s._backend is raw and late._backend is raw
+    trace = t.trace
+    assert "memset" in [r.kind for r in trace.records if r.traced]
+    assert any(b.what == "stream.synchronize" for b in trace.blocking)
 
 
 def test_graph_node_names_follow_capture_order_and_stop_at_user_enqueue_code(sim_rt: srt.Runtime) -> None:

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "tools" / "gpu_suite.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "gpu_suite.sh"
 
 
 def _run(tmp_path: Path, *pytest_args: str) -> subprocess.CompletedProcess[str]:
@@ -20,9 +19,11 @@ def _run(tmp_path: Path, *pytest_args: str) -> subprocess.CompletedProcess[str]:
     (bin_dir / "nvidia-smi").chmod(0o755)
     (bin_dir / "python3").symlink_to(sys.executable) if not (bin_dir / "python3").exists() else None
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    work = tmp_path / "work"  # not the checkout: a .whl/ folder there would be installed first
+    work.mkdir(exist_ok=True)
     return subprocess.run(
         ["bash", str(SCRIPT), str(tmp_path / "out"), "tests", *pytest_args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=work, env=env, capture_output=True, text=True, timeout=300,
     )
 
 
