@@ -286,10 +286,10 @@ def wrap_foreign(obj: Any, runtime: Runtime, nbytes: int | None = None, *, strea
         buf = obj
     elif runtime._closed:
         raise ClosedError(f"{runtime!r} is closed: it cannot take in foreign memory")
+    elif hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):  # first: torch orders itself only here
+        buf = _from_dlpack(obj, runtime, stream)
     elif hasattr(obj, "__cuda_array_interface__"):
         buf = _from_cuda_array_interface(obj, runtime, stream)
-    elif hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
-        buf = _from_dlpack(obj, runtime, stream)
     else:
         buf = _from_buffer_protocol(obj, runtime)
     if nbytes is not None:
