@@ -14,7 +14,7 @@ The core calls in through a few small hooks (``Stream.__cuda_stream__``,
 
 from __future__ import annotations
 
-from ._events import order_after_foreign_stream, wait_foreign
+from ._events import wait_foreign
 from ._memory import (
     cuda_array_interface,
     dlpack_device,
@@ -31,7 +31,6 @@ __all__ = [
     "foreign_stream_handle",
     "import_cuda_array_interface",
     "import_dlpack",
-    "order_after_foreign_stream",
     "stream_protocol",
     "wait_foreign",
 ]

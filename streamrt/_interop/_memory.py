@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import ctypes
 import threading
-import weakref
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -211,15 +210,17 @@ def export_dlpack(buf: Buffer, *, stream: Any = None, max_version: Any = None, d
 
 
 _join_lock = threading.Lock()
-_join_streams: weakref.WeakKeyDictionary[Runtime, Stream] = weakref.WeakKeyDictionary()
+_JOIN_ATTR = "_interop_join_stream"  # kept on the runtime: a registry here would keep closed runtimes alive
 
 
 def _join_stream(rt: Runtime) -> Stream:
-    """The runtime's ``interop`` stream (made on first use): it joins several streams into one to name."""
+    """The runtime's ``interop`` stream (made on first use): it joins several streams into one to name.
+    Closed with the runtime, like its other streams."""
     with _join_lock:
-        stream = _join_streams.get(rt)
+        stream: Stream | None = getattr(rt, _JOIN_ATTR, None)
         if stream is None or stream.is_closed:
-            stream = _join_streams[rt] = rt.create_stream(name="interop")
+            stream = rt.create_stream(name="interop")
+            setattr(rt, _JOIN_ATTR, stream)
         return stream
 
 

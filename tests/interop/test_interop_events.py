@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest_interop import races
+from interop_helpers import races
 
 import streamrt as srt
 

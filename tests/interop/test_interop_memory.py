@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest_interop import fake_cuda_capsule, races
+from interop_helpers import fake_cuda_capsule, races
 
 import streamrt as srt
 
