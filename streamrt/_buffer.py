@@ -229,6 +229,28 @@ class Buffer:
         else:
             s.add(stream)
 
+    # -- interop: DLPack and the CUDA array interface (streamrt._interop._memory) -----------------
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None, copy: Any = None) -> Any:
+        """A DLPack capsule over the buffer's bytes; the consumer's ``stream`` waits for streamrt's
+        work on the buffer, on the device (docs/interop.md). Raises ``BufferError`` where it cannot."""
+        from ._interop import export_dlpack
+
+        return export_dlpack(self, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(device_type, device_id)``: kDLCUDA/kDLROCM device memory, kDLCUDAHost/kDLROCMHost pinned,
+        kDLCPU pageable, and kDLCPU for everything on the simulator."""
+        from ._interop import dlpack_device
+
+        return dlpack_device(self)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """Version 3 of the CUDA array interface, for device buffers of GPU runtimes (absent elsewhere)."""
+        from ._interop import cuda_array_interface
+
+        return cuda_array_interface(self)
+
     def __repr__(self) -> str:
         state = " released" if self.is_released else ""
         return f"<Buffer {self._kind} ptr=0x{self._ptr:x} nbytes={self._nbytes}{state}>"
@@ -251,10 +273,12 @@ def check_size(value: Any, what: str) -> int:
     return _check_size(value, what)
 
 
-def wrap_foreign(obj: Any, runtime: Runtime, nbytes: int | None = None) -> Buffer:
+def wrap_foreign(obj: Any, runtime: Runtime, nbytes: int | None = None, *, stream: Stream | None = None) -> Buffer:
     """Wrap ``obj`` as a Buffer of ``runtime``; see the module docstring for what is accepted.
 
-    ``nbytes`` limits the buffer to its first ``nbytes`` bytes.
+    ``nbytes`` limits the buffer to its first ``nbytes`` bytes. ``stream``: the
+    consuming stream, ordered after the producer's stream that foreign device
+    memory names (``streamrt._interop._memory``); ``None``: nothing is ordered.
     """
     if obj is None:
         raise TypeError("expected a Buffer or an object exposing memory, got None")
@@ -262,10 +286,10 @@ def wrap_foreign(obj: Any, runtime: Runtime, nbytes: int | None = None) -> Buffe
         buf = obj
     elif runtime._closed:
         raise ClosedError(f"{runtime!r} is closed: it cannot take in foreign memory")
+    elif hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):  # first: torch orders itself only here
+        buf = _from_dlpack(obj, runtime, stream)
     elif hasattr(obj, "__cuda_array_interface__"):
-        buf = _from_cuda_array_interface(obj, runtime)
-    elif hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
-        buf = _from_dlpack(obj, runtime)
+        buf = _from_cuda_array_interface(obj, runtime, stream)
     else:
         buf = _from_buffer_protocol(obj, runtime)
     if nbytes is not None:
@@ -306,42 +330,20 @@ def _check_dlpack_device(obj: Any, runtime: Runtime) -> None:
         )
 
 
-def _from_cuda_array_interface(obj: Any, runtime: Runtime) -> Buffer:
+def _from_cuda_array_interface(obj: Any, runtime: Runtime, stream: Stream | None = None) -> Buffer:
+    from ._interop import import_cuda_array_interface
+
     _check_dlpack_device(obj, runtime)
     cai = obj.__cuda_array_interface__
     ptr, readonly = cai["data"]
     itemsize = np.dtype(cai["typestr"]).itemsize
     nbytes = _contiguous_nbytes(tuple(cai["shape"]), cai.get("strides"), itemsize)
     kind = _KIND_OF_POINTER[runtime.backend.pointer_kind(ptr)] if ptr else DEVICE
+    import_cuda_array_interface(cai, stream)  # the producer's stream (version 3) before `stream`
     return Buffer(ptr, nbytes, kind, runtime, owner=obj, readonly=bool(readonly))
 
 
-class _DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class _DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [
-        ("data", ctypes.c_void_p),
-        ("device", _DLDevice),
-        ("ndim", ctypes.c_int32),
-        ("dtype", _DLDataType),
-        ("shape", ctypes.POINTER(ctypes.c_int64)),
-        ("strides", ctypes.POINTER(ctypes.c_int64)),
-        ("byte_offset", ctypes.c_uint64),
-    ]
-
-
-_capsule_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-_capsule_get_pointer.restype = ctypes.c_void_p
-_capsule_get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-
-
-def _from_dlpack(obj: Any, runtime: Runtime) -> Buffer:
+def _from_dlpack(obj: Any, runtime: Runtime, stream: Stream | None = None) -> Buffer:
     dev_type, dev_id = obj.__dlpack_device__()
     if dev_type == _DL_CPU:
         return _from_buffer_protocol(obj, runtime)
@@ -352,16 +354,17 @@ def _from_dlpack(obj: Any, runtime: Runtime) -> Buffer:
             f"memory on device {dev_id} cannot be used by a runtime on device {runtime.device}: wrap it with the "
             f"runtime of device {dev_id} (rt.as_buffer); stream.copy between the two is a peer copy"
         )
-    capsule = obj.__dlpack__()
-    # Peek at the DLManagedTensor (its first member is the DLTensor) without consuming the
-    # capsule; the capsule's destructor then frees it when our reference goes.
-    tensor = _DLTensor.from_address(_capsule_get_pointer(capsule, b"dltensor"))
+    from ._interop import import_dlpack
+
+    # The producer orders itself before `stream`. The capsule is peeked at, not consumed:
+    # its destructor frees the tensor when our reference goes.
+    capsule, tensor, readonly = import_dlpack(obj, dev_type, stream)
     shape = tuple(tensor.shape[i] for i in range(tensor.ndim))
     strides = tuple(tensor.strides[i] for i in range(tensor.ndim)) if tensor.strides else None
     itemsize = (tensor.dtype.bits * tensor.dtype.lanes + 7) // 8
     nbytes = _contiguous_nbytes(shape, tuple(s * itemsize for s in strides) if strides else None, itemsize)
     ptr = (tensor.data or 0) + tensor.byte_offset
-    return Buffer(ptr, nbytes, _DL_DEVICE_KINDS[dev_type], runtime, owner=(obj, capsule))
+    return Buffer(ptr, nbytes, _DL_DEVICE_KINDS[dev_type], runtime, owner=(obj, capsule), readonly=readonly)
 
 
 def _from_buffer_protocol(obj: Any, runtime: Runtime) -> Buffer:

@@ -23,6 +23,7 @@ from ._completion import DEFAULT_AWAIT_POLL_US, CompletionEngine, refuse_blockin
 from ._errors import ClosedError
 from ._event import Event
 from ._hostcall import DEFAULT_SWITCH_INTERVAL
+from ._interop import foreign_stream_handle
 from ._releaser import Releaser
 from ._stream import Stream
 from ._trace import Trace, TraceRegion, attach_on_open, finish_on_close, stop_trace, trace_region
@@ -255,23 +256,15 @@ class Runtime:
         return stream
 
     def wrap_stream(self, obj: Any, *, name: str | None = None) -> Stream:
-        """Wrap a foreign stream: an object with ``__cuda_stream__`` or ``.cuda_stream``
-        (torch, cupy, cuda.core), or a raw int handle. The stream is not destroyed by streamrt."""
+        """Wrap a foreign stream: an object with ``__cuda_stream__`` (cuda.core, torch 2.10+),
+        a torch stream (``.cuda_stream``), a CuPy stream (``.ptr``), or a raw int handle.
+        The stream is not destroyed by streamrt."""
         self._check_open()
         if isinstance(obj, Stream):
             if obj._runtime is not self:
                 raise ValueError("stream belongs to another runtime")
             return obj
-        handle: Any
-        if hasattr(obj, "__cuda_stream__"):
-            protocol = obj.__cuda_stream__
-            _version, handle = protocol() if callable(protocol) else protocol
-        elif hasattr(obj, "cuda_stream"):
-            handle = obj.cuda_stream
-        else:
-            handle = obj
-        if isinstance(handle, bool) or not isinstance(handle, int) or handle < 0:
-            raise TypeError(f"cannot wrap {type(obj).__name__} as a stream: expected __cuda_stream__, .cuda_stream or an int handle")
+        handle = foreign_stream_handle(obj, self)
         with self._lock:
             self._check_accepting()
             stream = Stream(self, handle, owned=False, name=name, foreign=obj if obj is not handle else None)
@@ -289,13 +282,17 @@ class Runtime:
             self._events.add(event)
         return event
 
-    def as_buffer(self, obj: Any, nbytes: int | None = None) -> Buffer:
+    def as_buffer(self, obj: Any, nbytes: int | None = None, *, stream: Stream | None = None) -> Buffer:
         """Wrap foreign memory (buffer protocol, ``__cuda_array_interface__``, DLPack) as a Buffer.
 
         ``nbytes`` limits it to its first ``nbytes`` bytes. The Buffer keeps ``obj`` alive.
+        ``stream``: the stream that will use it, ordered now (on the device) after the
+        producer's stream the object names (docs/interop.md); without it nothing is ordered.
         """
         self._check_open()
-        buf = wrap_foreign(obj, self, nbytes)
+        if stream is not None and (not isinstance(stream, Stream) or stream._runtime is not self):
+            raise TypeError("as_buffer's stream= takes a Stream of this runtime")
+        buf = wrap_foreign(obj, self, nbytes, stream=stream)
         if buf.runtime is not self:
             raise ValueError("buffer belongs to another runtime or device")
         return buf

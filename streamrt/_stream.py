@@ -12,6 +12,7 @@ from ._buffer import DEVICE, HOST, PAGEABLE, Buffer, check_size, wrap_foreign
 from ._completion import refuse_blocking_wait
 from ._errors import ClosedError
 from ._event import Event
+from ._interop import stream_protocol, wait_foreign
 from ._peer import check_peer_buffer, peer_copy
 
 if TYPE_CHECKING:
@@ -318,18 +319,19 @@ class Stream:
             event._recorded_on = self._handle
         return event
 
-    def wait(self, event: Event) -> None:
+    def wait(self, event: Any) -> None:
         """Make later work on this stream wait until ``event`` has completed. Non-blocking.
 
         ``event`` may belong to another runtime of the same backend object, on
         this device or another (a cross-device wait: the device-side wait needs
         no host thread). An event of a different backend instance raises
-        ``ValueError``.
+        ``ValueError``. Other libraries' events (torch, CuPy, cuda.core) and a
+        ``torch.distributed`` ``Work`` are accepted too (see docs/interop.md).
         """
         if self._closed:
             self._check_open()
-        if not isinstance(event, Event):
-            raise TypeError(f"wait takes an Event, not {type(event).__name__}")
+        if not isinstance(event, Event):  # foreign events and collectives
+            return wait_foreign(self, event)
         if event._runtime is not self._runtime and event._runtime._base_backend is not self._runtime._base_backend:
             raise ValueError(
                 f"event belongs to another runtime ({event._runtime!r}) with a different backend instance than the "
@@ -340,6 +342,14 @@ class Stream:
             if self._closed:
                 self._check_open()
             self._backend.stream_wait_event(self._handle, event._handle)
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        """``(0, handle)``: the CUDA stream protocol, so cuda.core, numba-cuda and torch take this stream.
+
+        On HIP the handle is the ``hipStream_t``. Raises ``TypeError`` on the
+        simulator (its streams are not driver streams), ``ClosedError`` once closed.
+        """
+        return stream_protocol(self)
 
     def wait_stream(self, other: Stream) -> None:
         """Make later work on this stream wait for all work enqueued so far on ``other``.
@@ -414,7 +424,7 @@ class Stream:
             return obj
         if obj is None:
             raise TypeError(f"{what} must be a Buffer or an object exposing memory, not None")
-        buf = wrap_foreign(obj, self._runtime)
+        buf = wrap_foreign(obj, self._runtime, stream=self)  # ordered after the object's producer, on this stream
         if buf._runtime is not self._runtime:
             self._reject_or_peer(buf, what, peer)
         buf.check_usable()

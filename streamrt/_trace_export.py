@@ -14,7 +14,19 @@ traces, e.g. one per strategy, go side by side in one file):
   Python host function ran).
 
 Device ops are complete events (``ph: "X"``, ``ts``/``dur`` in µs); zero-length
-markers (event records) are instant events (``ph: "i"``). ``args`` carry
+markers (event records) are instant events (``ph: "i"``).
+
+Arrows (flow events, ``ph: "s"`` then ``ph: "f"`` with ``bp: "e"``, one ``id``
+per arrow, unique in the file): ``enqueue`` from each traced op's enqueue on
+the host to the op on the device, and ``record → wait`` from an event record
+to the wait on another stream that it satisfied. Each end's ``ts`` is the
+middle of the slice it binds to.
+Counter tracks (``ph: "C"``): ``pinned staging bytes in flight`` on the host
+(bytes of host↔device copies enqueued and not yet finished on the device:
+pinned memory the device still reads or writes) and ``queue depth: <stream>``
+on the device (ops enqueued on the stream and not yet finished; graph nodes
+count as their launch). Each counter's samples are in time order, one per
+instant at which it changes. ``args`` carry
 ``seq`` (the same number on the device and the host side of one op), kind,
 bytes, labels (``pipeline``, ``node``) and the op's own name (``op_name``: a
 kernel's name, also under a node label). Values measured in real time are in ``args`` keys starting with
@@ -29,9 +41,10 @@ touched (the figure is rendered with the Agg canvas).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
-from typing import TYPE_CHECKING, Any, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterator, Sequence, Union
 
 if TYPE_CHECKING:
     from ._trace import Trace, TraceRecord
@@ -122,6 +135,7 @@ def chrome_trace(traces: Trace | Sequence[Trace], *, bubbles: bool = True) -> di
 
     events: list[dict[str, Any]] = []
     other: list[dict[str, Any]] = []
+    flow_ids = itertools.count(1)
     for k, t in enumerate(_as_list(traces)):
         dev_pid, host_pid = 2 * k + 1, 2 * k + 2
         prefix = f"{t.name}: " if len(_as_list(traces)) > 1 or t.name != "trace" else ""
@@ -142,6 +156,7 @@ def chrome_trace(traces: Trace | Sequence[Trace], *, bubbles: bool = True) -> di
                 tids[r.stream] = len(tids) + 1
         extra_tid = len(tids) + 1
         lane_tids: dict[tuple[str, int], int] = {}
+        dev_tid: dict[int, int] = {}  # seq -> the device track its op is drawn on
         for stream in tids:
             recs = by_stream.get(stream, [])
             spans = [r for r in recs if (r.device_end_us or 0) > (r.device_start_us or 0)]
@@ -155,6 +170,7 @@ def chrome_trace(traces: Trace | Sequence[Trace], *, bubbles: bool = True) -> di
                         lane_tids[(stream, lane)] = extra_tid
                         extra_tid += 1
                     tid = lane_tids[(stream, lane)]
+                dev_tid[r.seq] = tid
                 ev: dict[str, Any] = {
                     "name": r.name,
                     "cat": r.category,
@@ -224,9 +240,11 @@ def chrome_trace(traces: Trace | Sequence[Trace], *, bubbles: bool = True) -> di
             return tids[name]
 
         host_events: list[tuple[int, dict[str, Any]]] = []
+        enqueue_tid: dict[int, int] = {}  # seq -> the host track of its enqueue
         for r in t.records:
             if not r.traced or r.enqueue_us is None:
                 continue
+            enqueue_tid[r.seq] = htid(r.thread)
             args: dict[str, Any] = {"seq": r.seq, "stream": r.stream}
             if r.wall_enqueue_us is not None:
                 args["wall_enqueue_us"] = r.wall_enqueue_us
@@ -297,6 +315,8 @@ def chrome_trace(traces: Trace | Sequence[Trace], *, bubbles: bool = True) -> di
         for name, tid in host_tids.items():
             events.append(_meta(host_pid, tid, "thread_name", {"name": name}))
             events.append(_meta(host_pid, tid, "thread_sort_index", {"sort_index": tid}))
+        events += _flows(t, dev_pid, host_pid, dev_tid, enqueue_tid, flow_ids)
+        events += _counters(t, dev_pid, host_pid)
         other.append(
             {
                 "name": t.name,
@@ -313,6 +333,78 @@ def chrome_trace(traces: Trace | Sequence[Trace], *, bubbles: bool = True) -> di
         "displayTimeUnit": "ms",
         "otherData": {"generator": f"streamrt {__version__}", "time_unit": "us", "traces": other},
     }
+
+
+def _flow_pair(name: str, fid: int, src: tuple[int, int, float], dst: tuple[int, int, float]) -> list[dict[str, Any]]:
+    """A flow arrow from ``src`` to ``dst`` (each ``(pid, tid, ts)``, ``ts`` inside the slice it binds to)."""
+    (spid, stid, sts), (dpid, dtid, dts) = src, dst
+    return [
+        {"name": name, "cat": "flow", "ph": "s", "id": fid, "pid": spid, "tid": stid, "ts": _r(sts)},
+        {"name": name, "cat": "flow", "ph": "f", "bp": "e", "id": fid, "pid": dpid, "tid": dtid, "ts": _r(dts)},
+    ]
+
+
+def _mid(start: float, end: float | None) -> float:
+    """The middle of a slice: where a flow end binds to it and to nothing that merely touches it."""
+    return start if end is None else (start + max(start, end)) / 2
+
+
+def _flows(
+    t: Trace,
+    dev_pid: int,
+    host_pid: int,
+    dev_tid: dict[int, int],
+    enqueue_tid: dict[int, int],
+    ids: Iterator[int],
+) -> list[dict[str, Any]]:
+    """Arrows: host enqueue -> device op, and event record -> the wait on another stream it satisfied."""
+    out: list[dict[str, Any]] = []
+    by_seq = {r.seq: r for r in t.records}
+    for r in t.records:
+        if r.seq not in enqueue_tid or r.seq not in dev_tid or r.enqueue_us is None or r.device_start_us is None:
+            continue
+        host = (host_pid, enqueue_tid[r.seq], _mid(r.enqueue_us, r.enqueue_end_us))
+        out += _flow_pair("enqueue", next(ids), host, (dev_pid, dev_tid[r.seq], _mid(r.device_start_us, r.device_end_us)))
+    for r in t.records:
+        rec = by_seq.get(r.waits_for) if r.kind == "wait_event" and r.waits_for is not None else None
+        if rec is None or rec.stream == r.stream or r.seq not in dev_tid or rec.seq not in dev_tid:
+            continue
+        assert rec.device_start_us is not None and r.device_start_us is not None  # both drawn on the device
+        src = (dev_pid, dev_tid[rec.seq], _mid(rec.device_start_us, rec.device_end_us))
+        dst = (dev_pid, dev_tid[r.seq], _mid(r.device_start_us, r.device_end_us))
+        out += _flow_pair("record → wait", next(ids), src, dst)
+    return out
+
+
+def _counter_track(name: str, pid: int, key: str, deltas: list[tuple[float, int]]) -> list[dict[str, Any]]:
+    """Samples of a counter from ``(time, change)`` pairs: one per time at which the value changes, in order."""
+    changes: dict[float, int] = {}
+    for at, change in deltas:
+        changes[_r(at)] = changes.get(_r(at), 0) + change
+    out: list[dict[str, Any]] = []
+    value = 0
+    for ts in sorted(changes):
+        if changes[ts]:
+            value += changes[ts]
+            out.append({"name": name, "cat": "counter", "ph": "C", "pid": pid, "tid": 0, "ts": ts, "args": {key: value}})
+    return out
+
+
+def _counters(t: Trace, dev_pid: int, host_pid: int) -> list[dict[str, Any]]:
+    """Counter tracks: pinned staging bytes in flight (host) and each stream's queue depth (device)."""
+    staging: list[tuple[float, int]] = []
+    depth: dict[str, list[tuple[float, int]]] = {}
+    for r in t.records:
+        if r.enqueue_us is None or r.device_end_us is None or r.graph_node >= 0:
+            continue
+        end = max(r.device_end_us, r.enqueue_us)
+        depth.setdefault(r.stream, []).extend(((r.enqueue_us, 1), (end, -1)))
+        if r.kind in ("host_to_device", "device_to_host") and r.nbytes:
+            staging.extend(((r.enqueue_us, r.nbytes), (end, -r.nbytes)))
+    out = _counter_track("pinned staging bytes in flight", host_pid, "bytes", staging) if staging else []
+    for stream in sorted(depth, key=lambda name: t.streams.index(name) if name in t.streams else len(t.streams)):
+        out += _counter_track(f"queue depth: {stream}", dev_pid, "ops", depth[stream])
+    return out
 
 
 def _meta(pid: int, tid: int, name: str, args: dict[str, Any]) -> dict[str, Any]:

@@ -579,6 +579,8 @@ class CudaBackend:
             multiprocessor_count=int(props.multiProcessorCount),
             supports_stream_signals=self._can_wait_value64(device),
             max_shared_memory_per_block=int(props.sharedMemPerBlock),
+            dlpack_device_type=2,  # kDLCUDA
+            profiler_ranges="nvtx",
         )
         self._caps[device] = caps
         return caps

@@ -451,6 +451,8 @@ class HipBackend:
             multiprocessor_count=int(props.multiProcessorCount),
             supports_stream_signals=self._can_wait_value(device),
             max_shared_memory_per_block=int(props.sharedMemPerBlock),
+            dlpack_device_type=10,  # kDLROCM
+            profiler_ranges="roctx",
         )
         self._offload_arch[device] = offload_arch
         self._capabilities[device] = caps

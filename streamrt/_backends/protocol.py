@@ -92,6 +92,11 @@ class Capabilities:
         max_shared_memory_per_block: bytes of shared memory a kernel launch
             may use per block (static plus dynamic) without opting in per
             kernel; a launch asking for more is refused before it is enqueued.
+        dlpack_device_type: the DLPack device type of device memory (``2``
+            kDLCUDA, ``10`` kDLROCM; ``1`` kDLCPU where device memory is host
+            RAM, the simulator); pinned memory is the matching host type.
+        profiler_ranges: the range API this device's profilers read (``"nvtx"``,
+            ``"roctx"``), or ``None`` (see ``streamrt._ranges``).
     """
 
     backend: str
@@ -107,6 +112,8 @@ class Capabilities:
     multiprocessor_count: int
     supports_stream_signals: bool = False
     max_shared_memory_per_block: int = 48 * 1024
+    dlpack_device_type: int = 1
+    profiler_ranges: str | None = None
 
 
 @runtime_checkable

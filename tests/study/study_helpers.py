@@ -8,7 +8,7 @@ from typing import Any
 import streamrt as srt
 from streamrt._trace import Trace
 
-PH_ALLOWED = {"X", "B", "E", "i", "M"}
+PH_ALLOWED = {"X", "B", "E", "i", "M", "s", "f", "C"}
 
 
 def seed_like_program(rt: srt.Runtime) -> Trace:
@@ -68,6 +68,10 @@ def check_chrome_trace(doc: Any) -> list[dict[str, Any]]:
             assert isinstance(ev["dur"], (int, float)) and ev["dur"] >= 0
         if ev["ph"] == "i":
             assert ev.get("s", "t") in {"g", "p", "t"}
+        if ev["ph"] in ("s", "f"):  # flow events (arrows): an id shared by the two ends
+            assert isinstance(ev["id"], int) and not isinstance(ev["id"], bool)
+        if ev["ph"] == "C":  # counter samples: numeric series
+            assert ev["args"] and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in ev["args"].values())
         if "args" in ev:
             assert isinstance(ev["args"], dict)
     return events
