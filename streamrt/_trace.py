@@ -49,7 +49,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ._trace_records import BlockingRecord, Trace, TraceRecord
-from ._trace_backend import install, uninstall
+from ._trace_backend import install, install_ranges, uninstall
 from ._tracer import Tracer, current_label, label
 
 if TYPE_CHECKING:
@@ -124,6 +124,7 @@ def stop_trace(rt: Runtime) -> Trace:
         raise RuntimeError("tracing is not on for this runtime")
     uninstall(rt)
     rt._tracer = None
+    install_ranges(rt)  # STREAMRT_RANGES=1: back to ranges alone
     trace = tracer.finish()
     rt._last_trace = trace
     with _session_lock:
@@ -174,6 +175,7 @@ def trace_region(rt: Runtime, *, name: str = "trace") -> TraceRegion:
 def attach_on_open(rt: Runtime, trace: bool | None) -> None:
     """Called by ``open_runtime``: start tracing when ``trace`` is true, or when ``trace`` is
     ``None`` and a ``streamrt study`` session is running."""
+    install_ranges(rt)  # STREAMRT_RANGES=1: profiler ranges even with no trace open
     with _session_lock:
         sessions = list(_study_sessions)
     if trace or (trace is None and sessions):

@@ -24,15 +24,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from collections.abc import Callable
+
 from ._backends.protocol import MemcpyKind
 from ._native import SEM_POST_ADDRESS, SEM_WAIT_ADDRESS
+from ._ranges import Ranges, for_runtime
+from ._tracer import current_label, range_name
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
     from ._stream import Stream
     from ._tracer import Tracer
 
-__all__ = ["TracingBackend", "install", "uninstall"]
+__all__ = ["RangesOnly", "TracingBackend", "install", "install_ranges", "uninstall"]
 
 _COPY_KINDS = {kind: kind.name.lower() for kind in MemcpyKind}
 
@@ -40,7 +44,7 @@ _COPY_KINDS = {kind: kind.name.lower() for kind in MemcpyKind}
 class TracingBackend:
     """The runtime's backend, with each enqueue and blocking call handed to ``tracer``. Anything else passes through."""
 
-    def __init__(self, inner: Any, tracer: Tracer, runtime: Runtime) -> None:
+    def __init__(self, inner: Any, tracer: Tracer | RangesOnly, runtime: Runtime) -> None:
         self._inner = inner
         self._tracer = tracer
         self._runtime = runtime
@@ -140,6 +144,54 @@ class TracingBackend:
         self._tracer.blocking(None, "event.synchronize", lambda: inner.event_synchronize(event))
 
 
+class RangesOnly:
+    """What the wrapper hands ops to when no trace is open but ``STREAMRT_RANGES=1`` asks for
+    profiler ranges: each op, Python host function run and blocking call becomes a range."""
+
+    def __init__(self, ranges: Ranges) -> None:
+        self._ranges = ranges
+
+    def op(self, stream: Any, kind: str, nbytes: int, enqueue: Callable[[], Any], *, name: str | None = None,
+           pipeline: str | None = None, node: str | None = None, **_: Any) -> Any:
+        labels = current_label()
+        with self._ranges.range(range_name(pipeline or labels[0], node or labels[1], name or kind)):
+            return enqueue()
+
+    def host_call_begin(self, stream: Any, worker: Any) -> Any:
+        queue = worker._queue
+        req = queue[-1] if queue else None
+        if req is not None and req.trace is None:
+            labels = current_label()
+            fn = req.fn or getattr(worker, "fn", None)
+            name = range_name(labels[0], f"host {labels[1] or getattr(fn, '__qualname__', 'function')}", "host function")
+            req.trace = _RangedRun(self._ranges, name)
+        return None
+
+    def host_call_end(self, _p: Any) -> None:
+        pass
+
+    def blocking(self, stream: Any, what: str, call: Callable[[], None]) -> None:
+        with self._ranges.range(what):
+            call()
+
+
+class _RangedRun:
+    """A Python host function's run inside a profiler range (on its worker thread)."""
+
+    __slots__ = ("_name", "_ranges")
+
+    def __init__(self, ranges: Ranges, name: str) -> None:
+        self._ranges = ranges
+        self._name = name
+
+    def __call__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, BaseException | None]:
+        with self._ranges.range(self._name):
+            try:
+                return fn(*args), None
+            except BaseException as exc:  # noqa: BLE001 - delivered to the awaiter by the worker
+                return None, exc
+
+
 class _Unknown:
     """A stream handle streamrt did not make or wrap (the tracer names it by its handle)."""
 
@@ -150,12 +202,20 @@ class _Unknown:
         self.name = f"stream-0x{handle:x}"
 
 
-def install(rt: Runtime, tracer: Tracer) -> None:
-    """Route ``rt``'s enqueues through ``tracer`` (see the module docstring)."""
+def install(rt: Runtime, tracer: Tracer | RangesOnly) -> None:
+    """Route ``rt``'s enqueues through ``tracer`` (see the module docstring); replaces a wrapper in place."""
+    uninstall(rt)
     wrapped = TracingBackend(rt._backend, tracer, rt)
     rt._backend = wrapped
     for s in list(rt._streams):
         s._backend = wrapped
+
+
+def install_ranges(rt: Runtime) -> None:
+    """With ``STREAMRT_RANGES=1`` and a range library for ``rt``'s device: ranges with no trace open."""
+    ranges = for_runtime(rt)
+    if ranges is not None:
+        install(rt, RangesOnly(ranges))
 
 
 def uninstall(rt: Runtime) -> None:

@@ -34,6 +34,7 @@ import time
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
+from ._ranges import Ranges, for_runtime
 from ._trace_records import BlockingRecord, Trace, TraceRecord, category_of
 
 if TYPE_CHECKING:
@@ -66,6 +67,13 @@ def label(pipeline: str | None, node: str | None = None) -> Iterator[None]:
         yield
     finally:
         _label.reset(token)
+
+
+def range_name(pipeline: str | None, node: str | None, what: str) -> str:
+    """The profiler-range name of an op: ``"pipeline: node"`` when labelled, else ``node`` or ``what``."""
+    if pipeline is not None and node is not None:
+        return f"{pipeline}: {node}"
+    return node or pipeline or what
 
 
 def current_label() -> tuple[str | None, str | None]:
@@ -272,14 +280,17 @@ class _Pending:
 class _HostTiming:
     """A traced Python host call's run: the worker calls it instead of ``fn(*args)``."""
 
-    __slots__ = ("_p",)
+    __slots__ = ("_p", "_ranges")
 
-    def __init__(self, p: _Pending) -> None:
+    def __init__(self, p: _Pending, ranges: Ranges | None) -> None:
         self._p = p
+        self._ranges = ranges
 
     def __call__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, BaseException | None]:
         p = self._p
         p.host_thread = threading.current_thread().name
+        if self._ranges is not None:
+            self._ranges.push(range_name(p.pipeline, f"host {p.node}", "host function"))
         p.wh0 = time.perf_counter_ns()
         try:
             return fn(*args), None
@@ -288,6 +299,8 @@ class _HostTiming:
             return None, exc
         finally:
             p.wh1 = time.perf_counter_ns()
+            if self._ranges is not None:
+                self._ranges.pop()
 
 
 class _PendingBlock:
@@ -349,6 +362,7 @@ class Tracer:
             log = getattr(self._backend, "op_log")()
             self._log_start = log[-1].seq if log else 0
         self._finished = False
+        self._ranges = for_runtime(runtime)  # NVTX/roctx ranges too, with STREAMRT_RANGES=1 (None otherwise)
 
     # -- labels --------------------------------------------------------------------------------
     def _stream_label(self, stream: Stream) -> str:
@@ -427,13 +441,19 @@ class Tracer:
         return self._enqueue(p, stream.handle, enqueue)
 
     def _enqueue(self, p: _Pending, handle: int, enqueue: Callable[[], Any]) -> Any:
+        ranges = self._ranges
         self._begin(p, handle)
+        if ranges is not None:
+            ranges.push(range_name(p.pipeline, p.node, p.op_name or p.kind))
         try:
             result = enqueue()
         except BaseException:
             if not self._virtual:
                 self._clock.release(p.ev0)
             raise
+        finally:
+            if ranges is not None:
+                ranges.pop()
         self._end(p, handle)
         return result
 
@@ -473,7 +493,7 @@ class Tracer:
         if p.node is None:
             p.node = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or "host function"
         if req is not None and req.trace is None:
-            req.trace = _HostTiming(p)
+            req.trace = _HostTiming(p, self._ranges)
             p.completion = req
         self._begin(p, stream.handle)
         return p
@@ -490,11 +510,16 @@ class Tracer:
             b = _PendingBlock(next(self._seq), what, self._stream_label(stream), stream.handle, threading.current_thread().name)
             b.last_seq = self._last_on_stream.get(stream.handle)
         clock = self._clock
+        ranges = self._ranges
         b.v0 = clock.host_now()
         b.w0 = time.perf_counter_ns()
+        if ranges is not None:
+            ranges.push(what)
         try:
             call()
         finally:
+            if ranges is not None:
+                ranges.pop()
             b.w1 = time.perf_counter_ns()
             b.v1 = clock.host_now()
             self._blocks.append(b)

@@ -352,7 +352,7 @@ class Pipeline:
         """
         if policy == "stream":
             compiled = self._plans.get(stream)
-            if compiled is not None and stream._runtime._tracer is None:
+            if compiled is not None and compiled.backend is stream._backend is stream._runtime._base_backend:
                 return compiled.launch()
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}: use 'stream' or 'fork' (or capture() for a graph)")
@@ -380,7 +380,7 @@ class Pipeline:
             if plan is not None and plan.slots == 1:
                 plan = None  # a single chain: nothing to fork
             if plan is None:
-                if policy == "stream" and rt._tracer is None:
+                if policy == "stream" and rt._backend is rt._base_backend:
                     return self._plan_for(stream, order, keep).launch()
                 return self._launch_single(stream, order, keep, policy)
             return self._launch_fork(stream, order, plan, keep, wait_for, join)

@@ -507,13 +507,13 @@ _NO_LABEL = contextlib.nullcontext()
 
 
 def labelled(stream: Stream, pipeline: str | None, node: str | None) -> contextlib.AbstractContextManager[None]:
-    """The label of ops enqueued on ``stream`` while its runtime is traced; nothing otherwise."""
-    return _NO_LABEL if stream._runtime._tracer is None else label(pipeline, node)
+    """The label of ops enqueued on ``stream`` while its backend is wrapped (a trace, or profiler ranges)."""
+    return _NO_LABEL if stream._backend is stream._runtime._base_backend else label(pipeline, node)
 
 
 def _labels(stream: Stream, nodes: list[Node]) -> Callable[[str | None], contextlib.AbstractContextManager[None]]:
     """``tag(node_name)``: the label of a node's ops while ``stream``'s runtime is traced, else nothing."""
-    if stream._runtime._tracer is None or not nodes:
+    if stream._backend is stream._runtime._base_backend or not nodes:
         return lambda _node: _NO_LABEL
     pipeline = nodes[0]._pipeline_name()
     return lambda node: label(pipeline, node)

@@ -127,3 +127,69 @@ def test_absent_roctx_gives_none(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     monkeypatch.setenv("ROCM_PATH", str(tmp_path))  # nothing there
     assert _ranges.load("roctx") is None
     assert _ranges._loaded == {"roctx": None}  # looked for once: later calls cost a dict lookup
+
+
+class _Recorder:
+    """A Ranges stand-in: records (thread, "push"/"pop", name)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.events: list[tuple[str, str, str | None]] = []
+        self._threading = threading
+
+    def push(self, name: str) -> None:
+        self.events.append((self._threading.current_thread().name, "push", name))
+
+    def pop(self) -> None:
+        self.events.append((self._threading.current_thread().name, "pop", None))
+
+    import contextlib as _contextlib
+
+    @_contextlib.contextmanager
+    def range(self, name: str):  # type: ignore[no-untyped-def]
+        self.push(name)
+        try:
+            yield
+        finally:
+            self.pop()
+
+    def names(self) -> list[str]:
+        return [n for _, kind, n in self.events if kind == "push" and n is not None]
+
+    def balanced(self) -> bool:
+        depth: dict[str, int] = {}
+        for thread, kind, _ in self.events:
+            depth[thread] = depth.get(thread, 0) + (1 if kind == "push" else -1)
+            if depth[thread] < 0:
+                return False
+        return all(d == 0 for d in depth.values())
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["ranges-only", "with-a-trace"])
+def test_ranges_mark_ops_pipeline_nodes_and_host_functions(monkeypatch: pytest.MonkeyPatch, traced: bool) -> None:
+    import streamrt as srt
+    from streamrt import _trace_backend, _tracer
+
+    recorder = _Recorder()
+    monkeypatch.setattr(_trace_backend, "for_runtime", lambda rt: recorder)
+    monkeypatch.setattr(_tracer, "for_runtime", lambda rt: recorder)
+    with srt.open_runtime("sim", trace=traced) as rt:
+        s = rt.create_stream()
+        d = rt.device_allocator.allocate(64, stream=s)
+        h = rt.host_allocator.allocate(64)
+        s.memset(d, 1)
+        p = srt.Pipeline("prep")
+        p.copy(dst=h, src=d, name="d2h")
+
+        def pack() -> None:
+            pass
+
+        p.host(pack, reads=[h], name="pack")
+        p.launch(s).result(10)
+        s.synchronize()
+    names = recorder.names()
+    assert "memset" in names and "stream.synchronize" in names
+    assert "prep: d2h" in names  # a launch labels its nodes ops
+    assert "prep: host pack" in names  # the Python function's run, on its worker thread
+    assert recorder.balanced()
