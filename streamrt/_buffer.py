@@ -19,6 +19,7 @@ import numpy as np
 
 from ._backends.protocol import PointerKind
 from ._errors import ClosedError
+from ._extensions import hook
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -233,23 +234,18 @@ class Buffer:
     def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None, copy: Any = None) -> Any:
         """A DLPack capsule over the buffer's bytes; the consumer's ``stream`` waits for streamrt's
         work on the buffer, on the device (docs/interop.md). Raises ``BufferError`` where it cannot."""
-        from ._interop import export_dlpack
-
-        return export_dlpack(self, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
+        export = hook("export_dlpack")
+        return export(self, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         """``(device_type, device_id)``: kDLCUDA/kDLROCM device memory, kDLCUDAHost/kDLROCMHost pinned,
         kDLCPU pageable, and kDLCPU for everything on the simulator."""
-        from ._interop import dlpack_device
-
-        return dlpack_device(self)
+        return hook("dlpack_device")(self)  # type: ignore[no-any-return]
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
         """Version 3 of the CUDA array interface, for device buffers of GPU runtimes (absent elsewhere)."""
-        from ._interop import cuda_array_interface
-
-        return cuda_array_interface(self)
+        return hook("cuda_array_interface")(self)  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
         state = " released" if self.is_released else ""
@@ -331,7 +327,7 @@ def _check_dlpack_device(obj: Any, runtime: Runtime) -> None:
 
 
 def _from_cuda_array_interface(obj: Any, runtime: Runtime, stream: Stream | None = None) -> Buffer:
-    from ._interop import import_cuda_array_interface
+    import_cuda_array_interface = hook("import_cuda_array_interface")
 
     _check_dlpack_device(obj, runtime)
     cai = obj.__cuda_array_interface__
@@ -354,7 +350,7 @@ def _from_dlpack(obj: Any, runtime: Runtime, stream: Stream | None = None) -> Bu
             f"memory on device {dev_id} cannot be used by a runtime on device {runtime.device}: wrap it with the "
             f"runtime of device {dev_id} (rt.as_buffer); stream.copy between the two is a peer copy"
         )
-    from ._interop import import_dlpack
+    import_dlpack = hook("import_dlpack")
 
     # The producer orders itself before `stream`. The capsule is peeked at, not consumed:
     # its destructor frees the tensor when our reference goes.

@@ -22,6 +22,7 @@ from ._buffer import DEVICE, HOST, Buffer, wrap_foreign
 from ._completion import DEFAULT_AWAIT_POLL_US, CompletionEngine, refuse_blocking_wait
 from ._errors import ClosedError
 from ._event import Event
+from ._extensions import hook
 from ._hostcall import DEFAULT_SWITCH_INTERVAL
 from ._interop import foreign_stream_handle
 from ._releaser import Releaser
@@ -300,10 +301,8 @@ class Runtime:
     def scheduler(self, streams: int = 4, *, max_in_flight: int | None = 64, max_pinned_bytes: int | None = None) -> Scheduler:
         """An asyncio stream scheduler over ``streams`` streams per priority, with bounded in-flight
         work (by count and pinned bytes) that makes callers wait. See docs/asyncio.md."""
-        from ._scheduler import Scheduler
-
         self._check_open()
-        sched = Scheduler(self, streams=streams, max_in_flight=max_in_flight, max_pinned_bytes=max_pinned_bytes)
+        sched = hook("scheduler")(self, streams=streams, max_in_flight=max_in_flight, max_pinned_bytes=max_pinned_bytes)
         with self._lock:
             self._schedulers.add(sched)
         return sched
@@ -311,16 +310,12 @@ class Runtime:
     @property
     def kernels(self) -> KernelLibrary:
         """Runtime-compiled kernels of this runtime: ``rt.kernels.get("fill_u32")`` (docs/kernels.md)."""
-        from ._kernel import library_for
-
-        return library_for(self)
+        return hook("kernels")(self)  # type: ignore[no-any-return]
 
     def fetch(self, tensor: Any, stream: Stream | None = None, *, dtype: Any = None) -> FetchFuture:
         """A host copy (numpy) of ``tensor`` (a torch tensor, or a Buffer with ``stream=``/``dtype=``) as an
         awaitable future; never blocks and never synchronizes the stream. See ``streamrt.torch.fetch``."""
-        from .torch import fetch
-
-        return fetch(self, tensor, stream, dtype=dtype)
+        return hook("fetch")(self, tensor, stream, dtype=dtype)  # type: ignore[no-any-return]
 
     # -- tracing -----------------------------------------------------------------------------------
     def trace(self, *, name: str = "trace") -> TraceRegion:
@@ -423,9 +418,7 @@ class Runtime:
                 s._release()
             for e in events:
                 e.close()
-            from ._kernel import close_library_for
-
-            close_library_for(self)  # unload kernel modules while the backend is still open
+            hook("close_kernels")(self)  # unload kernel modules while the backend is still open
             self._closed = True
             if self._lease is not None:
                 self._lease.release()

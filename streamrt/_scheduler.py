@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 from ._backends.protocol import priority_clamp
 from ._completion import Completion
 from ._errors import ClosedError
+from ._extensions import provide
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -574,3 +575,6 @@ def _call_in_loop(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args
             return False
         raise
     return True
+
+
+provide("scheduler", Scheduler)  # Runtime.scheduler

@@ -12,6 +12,7 @@ from ._buffer import DEVICE, HOST, PAGEABLE, Buffer, check_size, wrap_foreign
 from ._completion import refuse_blocking_wait
 from ._errors import ClosedError
 from ._event import Event
+from ._extensions import hook
 from ._interop import stream_protocol, wait_foreign
 from ._peer import check_peer_buffer, peer_copy
 
@@ -292,9 +293,7 @@ class Stream:
         small, misaligned: ``ValueError``); nothing is enqueued when a check fails. Buffer arguments
         are tracked like those of copies. See docs/kernels.md.
         """
-        from ._kernel import launch_kernel
-
-        launch_kernel(self, kernel, grid, block, args, shared_mem)
+        hook("launch_kernel")(self, kernel, grid, block, args, shared_mem)
 
     # -- events and ordering -----------------------------------------------------------------
     def record(self, event: Event | None = None) -> Event:

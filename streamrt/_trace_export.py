@@ -46,6 +46,8 @@ import json
 import os
 from typing import TYPE_CHECKING, Any, Iterator, Sequence, Union
 
+from ._extensions import provide
+
 if TYPE_CHECKING:
     from ._trace import Trace, TraceRecord
 
@@ -543,3 +545,8 @@ def _host_spans(t: Trace) -> dict[str, list[tuple[float, float, str]]]:
         if r.host_start_us is not None and r.host_end_us is not None:
             out.setdefault(f"host functions of {r.stream}", []).append((r.host_start_us, r.host_end_us - r.host_start_us, "host_function"))
     return out
+
+
+provide("chrome_trace", chrome_trace)  # Trace.to_chrome
+provide("save_chrome", save_chrome)  # Trace.save_chrome
+provide("save_timeline", save_timeline)  # Trace.save_timeline

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ._extensions import hook
+
 if TYPE_CHECKING:
     from ._trace_report import TraceReport
 
@@ -174,27 +176,19 @@ class Trace:
 
     def report(self, *, min_bubble_us: float = 5.0) -> TraceReport:
         """Analyze: host blocking, bubbles per stream with causes, copy/compute overlap, critical path."""
-        from ._trace_report import analyze
-
-        return analyze(self, min_bubble_us=min_bubble_us)
+        return hook("analyze")(self, min_bubble_us=min_bubble_us)  # type: ignore[no-any-return]
 
     def to_chrome(self) -> dict[str, Any]:
         """The trace as a Chrome trace-event / Perfetto JSON object (see :mod:`streamrt._trace_export`)."""
-        from ._trace_export import chrome_trace
-
-        return chrome_trace([self])
+        return hook("chrome_trace")([self])  # type: ignore[no-any-return]
 
     def save_chrome(self, path: Any) -> None:
         """Write :meth:`to_chrome` to ``path`` (open it in chrome://tracing or ui.perfetto.dev)."""
-        from ._trace_export import save_chrome
-
-        save_chrome([self], path)
+        hook("save_chrome")([self], path)
 
     def save_timeline(self, path: Any, **options: Any) -> None:
         """Draw a PNG timeline with matplotlib (``pip install 'streamrt[plot]'``)."""
-        from ._trace_export import save_timeline
-
-        save_timeline([self], path, **options)
+        hook("save_timeline")([self], path, **options)
 
     def ops(self, *, stream: str | None = None, kind: str | None = None, category: str | None = None) -> list[TraceRecord]:
         """Records filtered by stream label, kind and/or category."""

@@ -39,6 +39,8 @@ import bisect
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
+from ._extensions import provide
+
 if TYPE_CHECKING:
     from ._trace import BlockingRecord, Trace, TraceRecord
 
@@ -525,3 +527,6 @@ def _critical_path(
         break
     segments.reverse()
     return [PathSegment(s.kind, s.label, s.stream, round(s.start_us, 3), round(s.end_us, 3), s.seq) for s in segments]
+
+
+provide("analyze", analyze)  # Trace.report

@@ -34,3 +34,14 @@ __all__ = [
     "stream_protocol",
     "wait_foreign",
 ]
+
+from .._extensions import provide as _provide
+
+for _name, _fn in (
+    ("export_dlpack", export_dlpack),
+    ("dlpack_device", dlpack_device),
+    ("cuda_array_interface", cuda_array_interface),
+    ("import_cuda_array_interface", import_cuda_array_interface),
+    ("import_dlpack", import_dlpack),
+):
+    _provide(_name, _fn)  # Buffer's protocols and wrap_foreign

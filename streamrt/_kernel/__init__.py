@@ -74,3 +74,10 @@ __all__ = [
     "registered_kernel_specs",
     "shipped_sources",
 ]
+
+from .._extensions import provide as _provide
+
+_provide("kernels", library_for)  # Runtime.kernels
+_provide("close_kernels", close_library_for)  # Runtime.close
+_provide("launch_kernel", launch_kernel)  # Stream.launch_kernel
+_provide("kernel_node", add_kernel_node)  # Pipeline.kernel

@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 from .._backends.protocol import CaptureMode
 from .._buffer import DEVICE, PAGEABLE, Buffer, check_size, wrap_foreign
 from .._errors import CaptureError
+from .._extensions import hook
 from .._event import Event
 from ._deps import CycleError, ForkPlan, hazards, plan_fork, topological_order
 from ._devices import PeerCopyNode, check_node_devices, launch_across_devices, placement
@@ -73,6 +74,7 @@ from ._nodes import (
     WaitNode,
     enqueue_plan,
 )
+from ._graph import capture_pipeline
 from ._plan import LaunchPlan
 from ._run import Run, RunChain
 from .._stream import Stream, holding
@@ -303,9 +305,7 @@ class Pipeline:
         with ``reads`` and ``writes`` both ``None`` they come from the kernel's spec (each Buffer
         argument, per its access mode). Kernel nodes take part in dependency inference, both
         launch policies and capture."""
-        from .._kernel import add_kernel_node
-
-        return add_kernel_node(
+        return hook("kernel_node")(  # type: ignore[no-any-return]
             self, kernel, grid, block, args, shared_mem=shared_mem, reads=reads, writes=writes, after=after, name=name
         )
 
@@ -398,8 +398,6 @@ class Pipeline:
         invalidated capture) raises ``CaptureError``; the stream is usable
         afterwards and nothing is left behind.
         """
-        from ._graph import capture_pipeline
-
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}: use 'stream' or 'fork'")
         stream = self._check_stream(stream)

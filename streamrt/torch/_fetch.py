@@ -46,6 +46,7 @@ import numpy as np
 from .._buffer import PAGEABLE, Buffer
 from .._errors import CaptureError
 from .._completion import Completion
+from .._extensions import provide
 from .._stream import Stream
 from .._tracer import label
 from ._context import TorchContext, context
@@ -210,3 +211,6 @@ def _check_stream(rt: Runtime, stream: Any) -> None:
     if stream.runtime is not rt:
         raise ValueError("the stream belongs to another runtime")
     stream._check_open()
+
+
+provide("fetch", fetch)  # Runtime.fetch
