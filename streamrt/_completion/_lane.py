@@ -201,11 +201,13 @@ class _Lane:
                 # that iteration leaves the wake to Completion.wait, drain and the watchdog.
                 self._wake_scheduled = True
                 loop.call_soon(self._wake_unless_polled)
+                self._kick_watchdog()  # it wakes the lane should the loop stop before that iteration
+
+    def _kick_watchdog(self) -> None:
+        """Have the watchdog check on this lane's work (it sleeps without wake-ups while none is queued)."""
         watchdog = self._engine._watchdog
         if watchdog is not None and watchdog.idle:
-            with watchdog._cond:  # as watchdog.kick(), inline
-                watchdog.idle = False
-                watchdog._cond.notify()
+            watchdog.kick()
 
     def _signal(self) -> None:
         self._sleeping = False
@@ -411,6 +413,7 @@ class _Lane:
                 self._waiting = head
             error: BaseException | None = setup_error
             if error is None:
+                self._kick_watchdog()  # from here, not from every push: off the launching thread's path
                 try:
                     synchronize(head.event)
                 except BaseException as exc:  # noqa: BLE001 - a sticky error resolves the waiter
