@@ -13,14 +13,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._errors import CaptureError, ClosedError
-from .._hostcall import (
-    DEFAULT_SWITCH_INTERVAL,
-    HostChannel,
-    HostRequest,
-    HostSlot,
-    HostWorkEstimates,
-    switch_interval_guard,
-)
+from .._host_work import HostWorkEstimates
+from .._hostcall import HostChannel, HostRequest, HostSlot
+from .._switch_interval import DEFAULT_SWITCH_INTERVAL, switch_interval_guard
 from .._watchdog import Watchdog
 from ._future import DEFAULT_AWAIT_POLL_US, Completion, PostBatch, _LoopNotifier, _polling
 from ._lane import _Entry, _Lane, _pop_all
