@@ -58,7 +58,8 @@ Python, CPython hands the GIL over only every *switch interval* (5 ms by
 default): measured on the H200, a Python host function then stalls its stream
 ~5.4 ms against ~0.2 ms for a native one. So while at least one Python host
 call is in flight, the runtime lowers the interpreter-wide switch interval
-(:class:`SwitchIntervalGuard`, to :data:`DEFAULT_SWITCH_INTERVAL`, 10 µs) and
+(:class:`~streamrt._switch_interval.SwitchIntervalGuard`, to
+:data:`~streamrt._switch_interval.DEFAULT_SWITCH_INTERVAL`, 10 µs) and
 restores the previous value when none is; the interval only matters while a
 thread waits for the GIL, so nothing switches more often when none does. This
 is a global interpreter setting that streamrt touches; pass
@@ -69,10 +70,11 @@ also set their own timer slack to 1 µs
 their timed wait for the GIL end up to 50 µs late.
 
 Simulated time. On the simulator (a backend with ``expect_host_work``) the
-worker also times each run of ``fn`` into a :class:`HostWorkEstimate` per
-function, and the signal wait (or ``sem_wait(done)`` host function) is
-announced to the simulator with it, so the simulated stream is held for about
-as long as the function really takes (a GPU stream simply waits for it).
+worker also times each run of ``fn`` into a
+:class:`~streamrt._host_work.HostWorkEstimate` per function, and the signal
+wait (or ``sem_wait(done)`` host function) is announced to the simulator with
+it, so the simulated stream is held for about as long as the function really
+takes (a GPU stream simply waits for it).
 
 Graph capture. A captured host node must re-run the Python function on every
 replay, so it cannot use the per-stream FIFO of eager calls (a replay does not
@@ -88,77 +90,21 @@ import collections
 import ctypes
 import itertools
 import logging
-import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._native import SEM_POST_ADDRESS, SEM_WAIT_ADDRESS, Semaphore, tighten_timer_slack
+from ._switch_interval import switch_interval_guard
 
 if TYPE_CHECKING:
     from ._completion import Completion, CompletionEngine
 
-__all__ = ["DEFAULT_SWITCH_INTERVAL", "HostChannel", "HostSlot", "SwitchIntervalGuard", "switch_interval_guard"]
-
-#: The switch interval (s) applied while Python host calls are in flight, unless the runtime is told otherwise.
-DEFAULT_SWITCH_INTERVAL = 1e-5
+__all__ = ["HostChannel", "HostSlot"]
 
 _log = logging.getLogger("streamrt")
 _slot_ids = itertools.count(1)
-
-
-class SwitchIntervalGuard:
-    """Process-wide, reference-counted lowering of ``sys.setswitchinterval``.
-
-    Every holder (one per engine with Python host calls in flight) asks for an
-    interval; the lowest asked-for value is applied while any holder exists.
-    When the last holder releases, the value seen before the first acquire is
-    restored, unless someone else changed the interval meanwhile (then their
-    value is left in place). Thread-safe.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._holders = 0
-        self._saved: float | None = None
-        self._applied: float | None = None
-
-    @property
-    def is_lowered(self) -> bool:
-        """``True`` while at least one holder exists and the interval was lowered."""
-        return self._applied is not None
-
-    def acquire(self, interval: float) -> None:
-        """Add a holder asking for ``interval`` seconds."""
-        with self._lock:
-            current = sys.getswitchinterval()
-            if self._holders == 0:
-                self._saved = current
-                self._applied = None
-            self._holders += 1
-            if self._applied is not None and current != self._applied:
-                return  # changed by someone else while lowered: respect it
-            if current > interval:
-                sys.setswitchinterval(interval)
-                self._applied = sys.getswitchinterval()
-
-    def release(self) -> None:
-        """Remove a holder; the last one restores the saved interval."""
-        with self._lock:
-            if self._holders <= 0:
-                return
-            self._holders -= 1
-            if self._holders:
-                return
-            if self._applied is not None and self._saved is not None and sys.getswitchinterval() == self._applied:
-                sys.setswitchinterval(self._saved)
-            self._saved = self._applied = None
-
-
-#: The one guard of this process (the switch interval is interpreter-wide).
-switch_interval_guard = SwitchIntervalGuard()
 
 
 class HostRequest:
@@ -233,48 +179,6 @@ class HostRequest:
         if error is None:
             error = RuntimeError("the stream passed a Python host call that never ran")
         return None, error
-
-
-class HostWorkEstimates:
-    """The :class:`HostWorkEstimate` of each Python host function.
-
-    Keyed weakly by the function (a bound method by its function), so it keeps
-    no callable alive; a callable that takes no weak reference (a builtin)
-    gets a fresh estimate each time (its runs are not remembered).
-    """
-
-    def __init__(self) -> None:
-        self._by_function: weakref.WeakKeyDictionary[Any, HostWorkEstimate] = weakref.WeakKeyDictionary()
-        self._lock = threading.Lock()
-
-    def for_function(self, fn: Callable[..., Any]) -> HostWorkEstimate:
-        key = getattr(fn, "__func__", fn)
-        with self._lock:
-            try:
-                est = self._by_function.get(key)
-                if est is None:
-                    est = self._by_function[key] = HostWorkEstimate()
-            except TypeError:
-                return HostWorkEstimate()
-        return est
-
-
-class HostWorkEstimate:
-    """How long one Python host function runs (CPU time of its worker), as measured: ``us``, a running mean.
-
-    The mean of the first 8 runs, then an exponential average with weight 1/8
-    for the newest run. Written by worker threads, read by the simulator.
-    """
-
-    __slots__ = ("runs", "us")
-
-    def __init__(self) -> None:
-        self.us = 0.0
-        self.runs = 0
-
-    def add(self, us: float) -> None:
-        self.runs += 1
-        self.us += (us - self.us) / min(self.runs, 8)
 
 
 def _call(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, BaseException | None]:

@@ -23,10 +23,10 @@ from ._completion import DEFAULT_AWAIT_POLL_US, CompletionEngine, refuse_blockin
 from ._errors import ClosedError
 from ._event import Event
 from ._extensions import hook
-from ._hostcall import DEFAULT_SWITCH_INTERVAL
 from ._interop import foreign_stream_handle
 from ._releaser import Releaser
 from ._stream import Stream
+from ._switch_interval import DEFAULT_SWITCH_INTERVAL
 from ._trace import Trace, TraceRegion, attach_on_open, finish_on_close, stop_trace, trace_region
 
 if TYPE_CHECKING:

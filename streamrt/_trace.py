@@ -50,7 +50,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from ._trace_records import BlockingRecord, Trace, TraceRecord
 from ._trace_backend import install, install_ranges, uninstall
-from ._tracer import Tracer, current_label, label
+from ._trace_labels import current_label, label
+from ._tracer import Tracer
 
 if TYPE_CHECKING:
     from ._runtime import Runtime

@@ -4,7 +4,7 @@
 backend (``Runtime._backend`` and each of its streams' ``_backend``); every
 enqueue the core makes then goes through it and reaches the tracer
 (:meth:`Tracer.op`, :meth:`Tracer.blocking`), labelled with the pipeline and
-node names in effect (:func:`~streamrt._tracer.label`, which pipelines set
+node names in effect (:func:`~streamrt._trace_labels.label`, which pipelines set
 while tracing). :func:`uninstall` puts the backend back. With no trace open,
 the enqueue paths call the backend directly: there is no traced twin of any
 enqueue code and no tracer test at an enqueue site.
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from ._backends.protocol import MemcpyKind
 from ._native import SEM_POST_ADDRESS, SEM_WAIT_ADDRESS
 from ._ranges import Ranges, for_runtime
-from ._tracer import current_label, range_name
+from ._trace_labels import current_label, range_name
 
 if TYPE_CHECKING:
     from ._runtime import Runtime

@@ -4,11 +4,13 @@ The core's hooks call :meth:`Tracer.op`, :meth:`Tracer.host_call` and
 :meth:`Tracer.blocking` (signatures in ``_stream.py``); :meth:`Tracer.finish`
 reads device times and builds the :class:`~streamrt._trace_records.Trace`.
 
-Device times: :class:`_EventClock` brackets each op with two pooled timing
-events (GPUs); :class:`_VirtualClock` reads the simulator's op log instead,
-matching each traced call to the ops it enqueued by thread, stream and the
-thread's virtual host clock, and adds the ops nobody traced (pipeline
-internals, graph nodes, the runtime's own markers) as untraced records.
+Device times (:mod:`streamrt._trace_clocks`): ``_EventClock`` brackets each
+op with two pooled timing events (GPUs); ``_VirtualClock`` reads the
+simulator's op log instead, matching each traced call to the ops it enqueued
+by thread, stream and the thread's virtual host clock, and adds the ops nobody
+traced (pipeline internals, graph nodes, the runtime's own markers) as
+untraced records. What is kept of each op while the trace runs:
+:mod:`streamrt._trace_pending`.
 
 Several devices: a tracer belongs to one runtime, so to one device. On a
 backend with several devices its timing events and calibration stream are
@@ -16,8 +18,8 @@ made, and :meth:`Tracer.finish` synchronizes, with the runtime's device
 current on the calling thread; on a simulator shared by several devices only
 the op log's ops of the runtime's device (``OpRecord.device``) become records.
 
-Labels: :func:`label` sets the ``(pipeline, node)`` names the tracer attaches
-to the ops enqueued in its block.
+Labels: :func:`~streamrt._trace_labels.label` sets the ``(pipeline, node)``
+names the tracer attaches to the ops enqueued in its block.
 
 Thread rules: the hooks may be called from any thread; ``finish`` once, from
 one thread, not from a host function.
@@ -25,187 +27,24 @@ one thread, not from a host function.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import itertools
 import re
 import threading
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ._ranges import Ranges, for_runtime
+from ._ranges import for_runtime
+from ._trace_clocks import _SIM_KIND, _SIM_WORK, _EventClock, _VirtualClock, _has_virtual_clock
+from ._trace_labels import _label, range_name
+from ._trace_pending import _HostTiming, _Pending, _PendingBlock
 from ._trace_records import BlockingRecord, Trace, TraceRecord, category_of
 
 if TYPE_CHECKING:
-    from ._completion import Completion
     from ._runtime import Runtime
     from ._stream import Stream
 
-__all__ = ["Tracer", "current_label", "label"]
-
-# -- labels -----------------------------------------------------------------------------------
-
-_label: contextvars.ContextVar[tuple[str | None, str | None]] = contextvars.ContextVar(
-    "streamrt_trace_label", default=(None, None)
-)
-
-
-@contextlib.contextmanager
-def label(pipeline: str | None, node: str | None = None) -> Iterator[None]:
-    """Name the ops enqueued inside the block: ``pipeline`` and ``node`` appear in traces and reports.
-
-    Pipelines set it around each node they enqueue; users may set it around
-    any code (the innermost ``label`` wins; ``None`` keeps the enclosing value).
-    It follows the calling context (a ``contextvars`` variable: per thread and
-    per asyncio task). Costs ~0.3 µs; callers on a hot path may skip it when
-    ``runtime._tracer is None``.
-    """
-    outer_pipeline, outer_node = _label.get()
-    token = _label.set((outer_pipeline if pipeline is None else pipeline, outer_node if node is None else node))
-    try:
-        yield
-    finally:
-        _label.reset(token)
-
-
-def range_name(pipeline: str | None, node: str | None, what: str) -> str:
-    """The profiler-range name of an op: ``"pipeline: node"`` when labelled, else ``node`` or ``what``."""
-    if pipeline is not None and node is not None:
-        return f"{pipeline}: {node}"
-    return node or pipeline or what
-
-
-def current_label() -> tuple[str | None, str | None]:
-    """The ``(pipeline, node)`` labels in effect in the calling context."""
-    return _label.get()
-
-
-# Simulator op kinds -> trace kinds (for ops the simulator ran that no traced call enqueued).
-_SIM_KIND = {
-    "memset": "memset",
-    "copy_h2d": "host_to_device",
-    "copy_d2h": "device_to_host",
-    "copy_d2d": "device_to_device",
-    "copy_h2h": "host_to_host",
-    "copy_peer": "device_to_device",
-    "kernel": "kernel",
-    "host_func": "host_native",
-    "event_record": "record",
-    "wait_event": "wait_event",
-    "wait_signal": "wait_signal",
-    "malloc_async": "malloc_async",
-    "free_async": "free_async",
-    "graph_launch": "graph_launch",
-}
-_SIM_WORK = frozenset({"memset", "copy_h2d", "copy_d2h", "copy_d2d", "copy_h2h", "copy_peer", "kernel", "host_func"})
-
-
-# -- device clocks ------------------------------------------------------------------------------------
-
-
-class _EventClock:
-    """Device times from pairs of timing events around each op; host times from ``perf_counter``.
-
-    ``device``: the runtime's device when the backend has several (``None``
-    with one): new events and the calibration stream are then made with it
-    current on the calling thread, since an event is recorded only on streams
-    of the device current at its creation.
-    """
-
-    clock = "events"
-
-    def __init__(self, backend: Any, t0_ns: int, device: int | None = None) -> None:
-        self._backend = backend
-        self._t0 = t0_ns
-        self._device = device
-        self._pool: list[int] = []
-        self._all: list[int] = []
-        self._lock = threading.Lock()
-        self._origin, self._origin_us = self._calibrate()
-
-    def _event(self) -> int:
-        with self._lock:
-            if self._pool:
-                return self._pool.pop()
-        if self._device is not None:
-            self._backend.ensure_device(self._device)
-        ev = self._backend.event_create(timing=True, blocking_sync=True)
-        with self._lock:
-            self._all.append(ev)
-        return ev
-
-    def _calibrate(self) -> tuple[int, float]:
-        """Record an origin event on a private stream and map its device time onto host time.
-
-        The event completes between the host times before its record and after
-        its synchronize; of five tries the narrowest window's midpoint is used.
-        """
-        backend = self._backend
-        if self._device is not None:
-            backend.ensure_device(self._device)
-        stream = backend.stream_create(0)
-        try:
-            best: tuple[int, int, int] | None = None
-            for _ in range(5):
-                ev = self._event()
-                a = time.perf_counter_ns()
-                backend.event_record(ev, stream)
-                backend.event_synchronize(ev)
-                b = time.perf_counter_ns()
-                if best is None or b - a < best[1] - best[0]:
-                    if best is not None:
-                        self._pool.append(best[2])
-                    best = (a, b, ev)
-                else:
-                    self._pool.append(ev)
-            assert best is not None
-        finally:
-            backend.stream_destroy(stream)
-        return best[2], ((best[0] + best[1]) / 2 - self._t0) / 1000.0
-
-    def host_now(self) -> float:
-        return (time.perf_counter_ns() - self._t0) / 1000.0
-
-    def mark(self, stream: int) -> int | None:
-        """Record a timing event at the current end of ``stream``; ``None`` while it is capturing."""
-        if self._backend.stream_is_capturing(stream):
-            return None
-        ev = self._event()
-        self._backend.event_record(ev, stream)
-        return ev
-
-    def release(self, ev: int | None) -> None:
-        if ev is not None:
-            with self._lock:
-                self._pool.append(ev)
-
-    def device_time(self, ev: int | None) -> float | None:
-        if ev is None:
-            return None
-        try:
-            return self._origin_us + self._backend.event_elapsed_ms(self._origin, ev) * 1000.0
-        except Exception:  # an event whose record failed or was captured: no time
-            return None
-
-    def close(self) -> None:
-        with self._lock:
-            events, self._all, self._pool = self._all, [], []
-        for ev in events:
-            try:
-                self._backend.event_destroy(ev)
-            except Exception:  # the backend may already be closing; events die with it
-                pass
-
-
-class _VirtualClock:
-    """Device times from the simulator's op log; host times from each thread's virtual clock."""
-
-    clock = "virtual"
-
-    def __init__(self, backend: Any) -> None:
-        self._backend = backend
-        self.host_now: Callable[[], float] = backend.host_now_us
+__all__ = ["Tracer"]
 
 
 def _completion_latency_us(completion: Any, host_end_ns: int | None) -> float | None:
@@ -213,108 +52,6 @@ def _completion_latency_us(completion: Any, host_end_ns: int | None) -> float | 
     if completion is None or host_end_ns is None or not completion.is_done:
         return None
     return max(0.0, (completion._resolved_ns - host_end_ns) / 1000.0)
-
-
-def _has_virtual_clock(rt: Runtime) -> bool:
-    backend = rt.backend
-    return bool(rt.capabilities.virtual_clock) and callable(getattr(backend, "op_log", None)) and callable(
-        getattr(backend, "host_now_us", None)
-    )
-
-
-# -- the tracer ------------------------------------------------------------------------------------------
-
-
-class _Pending:
-    """A traced op while the trace runs (mutable; frozen into a TraceRecord at the end)."""
-
-    __slots__ = (
-        "seq",
-        "kind",
-        "stream",
-        "handle",
-        "nbytes",
-        "pipeline",
-        "node",
-        "thread",
-        "ident",
-        "v0",
-        "v1",
-        "w0",
-        "w1",
-        "ev0",
-        "ev1",
-        "event",
-        "host_thread",
-        "wh0",
-        "wh1",
-        "completion",
-        "error",
-        "node_names",
-        "op_name",
-    )
-
-    def __init__(self, seq: int, kind: str, stream: str, handle: int, nbytes: int) -> None:
-        self.seq = seq
-        self.kind = kind
-        self.stream = stream
-        self.handle = handle
-        self.nbytes = nbytes
-        self.pipeline: str | None = None
-        self.node: str | None = None
-        self.thread = ""
-        self.v0 = self.v1 = 0.0
-        self.w0 = self.w1 = 0
-        self.ev0: int | None = None
-        self.ev1: int | None = None
-        self.event: int | None = None
-        self.host_thread: str | None = None
-        self.wh0: int | None = None
-        self.wh1: int | None = None
-        self.completion: Any = None  # a Python host call's request; its resolution time is read at finish
-        self.error: str | None = None
-        self.node_names: Sequence[str] | None = None
-        self.op_name: str | None = None
-
-
-class _HostTiming:
-    """A traced Python host call's run: the worker calls it instead of ``fn(*args)``."""
-
-    __slots__ = ("_p", "_ranges")
-
-    def __init__(self, p: _Pending, ranges: Ranges | None) -> None:
-        self._p = p
-        self._ranges = ranges
-
-    def __call__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, BaseException | None]:
-        p = self._p
-        p.host_thread = threading.current_thread().name
-        if self._ranges is not None:
-            self._ranges.push(range_name(p.pipeline, f"host {p.node}", "host function"))
-        p.wh0 = time.perf_counter_ns()
-        try:
-            return fn(*args), None
-        except BaseException as exc:  # noqa: BLE001 - delivered to the awaiter by the worker
-            p.error = f"{type(exc).__name__}: {exc}"[:300]
-            return None, exc
-        finally:
-            p.wh1 = time.perf_counter_ns()
-            if self._ranges is not None:
-                self._ranges.pop()
-
-
-class _PendingBlock:
-    __slots__ = ("seq", "what", "stream", "handle", "thread", "v0", "v1", "w0", "w1", "last_seq")
-
-    def __init__(self, seq: int, what: str, stream: str | None, handle: int | None, thread: str) -> None:
-        self.seq = seq
-        self.what = what
-        self.stream = stream
-        self.handle = handle
-        self.thread = thread
-        self.v0 = self.v1 = 0.0
-        self.w0 = self.w1 = 0
-        self.last_seq: int | None = None
 
 
 def _closure_value(fn: Callable[..., Any], name: str) -> Any:
@@ -416,9 +153,9 @@ class Tracer:
 
         ``event`` (the Event, or its handle, recorded or waited on) is found in
         ``enqueue``'s closure when not given. ``pipeline``/``node`` label the op
-        (overriding :func:`label`); ``name`` is the op's own name (a kernel's
-        name): always kept as the record's ``op_name``, and its ``node`` too when
-        no node label is set; ``node_names`` names a graph's nodes by index (for
+        (overriding :func:`~streamrt._trace_labels.label`); ``name`` is the
+        op's own name (a kernel's name): always kept as the record's
+        ``op_name``, and its ``node`` too when no node label is set; ``node_names`` names a graph's nodes by index (for
         ``kind="graph_launch"``). If ``enqueue`` raises, nothing is recorded and
         the exception propagates.
         """
@@ -483,8 +220,8 @@ class Tracer:
         queued the call's request: the request's ``trace`` then makes the
         worker record the thread and the (real) time the function ran and the
         exception it raised; its resolution stamp is read when the trace
-        finishes. Labelled by :func:`label`, else by the function's name.
-        Pass the result to :meth:`host_call_end` once its hold is enqueued.
+        finishes. Labelled by :func:`~streamrt._trace_labels.label`, else by
+        the function's name. Pass the result to :meth:`host_call_end` once its hold is enqueued.
         """
         p = self._new(stream, "host_python", 0)
         queue = worker._queue

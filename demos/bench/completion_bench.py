@@ -62,8 +62,8 @@ from typing import Any
 
 import streamrt as srt
 from streamrt._completion import DEFAULT_AWAIT_POLL_US
-from streamrt._hostcall import DEFAULT_SWITCH_INTERVAL
 from streamrt._native import SEM_WAIT_ADDRESS, Semaphore
+from streamrt._switch_interval import DEFAULT_SWITCH_INTERVAL
 
 _libc = ctypes.CDLL(None)
 _HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)

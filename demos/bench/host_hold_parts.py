@@ -54,8 +54,8 @@ from pathlib import Path
 from completion_bench import _busy, _Gate, _pct  # the stall rows' busy loop, gate and percentile
 
 import streamrt as srt
-from streamrt._hostcall import DEFAULT_SWITCH_INTERVAL
 from streamrt._native import SEM_POST_ADDRESS, SEM_WAIT_ADDRESS, Semaphore, tighten_timer_slack
+from streamrt._switch_interval import DEFAULT_SWITCH_INTERVAL
 
 _HELPER = r"""
 #include <pthread.h>

@@ -51,10 +51,17 @@ loop whose awaiting task polls the work, or at once on the pushing thread for
 work watched on a lane the watchdog failed) and must be short and must not
 block on GPU work; ``drain`` and ``close`` from a callback run by a polling
 task raise ``RuntimeError`` as on the engine's threads.
+
+Modules: ``_engine`` (:class:`CompletionEngine`: lanes, the event pool, drain
+and close), ``_hosts`` (its host-call side, a mixin), ``_lane`` (lane threads
+and their entries), ``_future`` (:class:`Completion`, waking event loops),
+``_shutdown`` (forced close, the ``atexit`` hook), ``_statistics``
+(:class:`CompletionStatistics`).
 """
 
-from ._engine import CompletionEngine, CompletionStatistics
+from ._engine import CompletionEngine
 from ._future import DEFAULT_AWAIT_POLL_US, Completion, on_runtime_thread, refuse_blocking_wait
+from ._statistics import CompletionStatistics
 
 __all__ = [
     "DEFAULT_AWAIT_POLL_US",

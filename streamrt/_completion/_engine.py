@@ -1,98 +1,39 @@
-"""The completion engine: one per runtime; lanes, host-call workers, the event pool, shutdown."""
+"""The completion engine: one per runtime; lanes, the event pool, drain and close.
+
+Its host-call side (Python and native host functions, host slots, channels
+and their signals) is the :class:`~streamrt._completion._hosts._HostCalls`
+mixin; the helpers of shutdown and the ``atexit`` hook are in
+:mod:`streamrt._completion._shutdown`.
+"""
 
 from __future__ import annotations
 
-import atexit
 import logging
-import os
 import threading
 import time
-import weakref
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .._errors import CaptureError, ClosedError
-from .._hostcall import (
-    DEFAULT_SWITCH_INTERVAL,
-    HostChannel,
-    HostRequest,
-    HostSlot,
-    HostWorkEstimates,
-    switch_interval_guard,
-)
+from .._errors import ClosedError
+from .._host_work import HostWorkEstimates
+from .._hostcall import HostChannel, HostSlot
+from .._switch_interval import DEFAULT_SWITCH_INTERVAL, switch_interval_guard
 from .._watchdog import Watchdog
 from ._future import DEFAULT_AWAIT_POLL_US, Completion, PostBatch, _LoopNotifier, _polling
-from ._lane import _Entry, _Lane, _pop_all
+from ._hosts import _HostCalls
+from ._lane import _Entry, _Lane
+from ._shutdown import _abandon_lane, _busy, _default_exit_timeout, _lane_join_timeout, _live_engines
+from ._statistics import CompletionStatistics
 
 if TYPE_CHECKING:
     from .._backends.protocol import Backend
 
-__all__ = ["CompletionEngine", "CompletionStatistics"]
+__all__ = ["CompletionEngine"]
 
 _log = logging.getLogger("streamrt")
 
-_live_engines: weakref.WeakSet[CompletionEngine] = weakref.WeakSet()
 
-@dataclass(frozen=True)
-class CompletionStatistics:
-    """A snapshot of one engine.
-
-    Attributes:
-        pending: watched events not yet retired (includes host-call guards).
-        retired: watched events retired since the engine was created.
-        failed: of those, retired with an error (a wait that raised).
-        batches: blocking waits that retired at least one event; ``retired /
-            batches`` is the mean batch size.
-        max_batch: the most events retired after one blocking wait.
-        lanes: live lane threads.
-        workers: live host-call and host-slot worker threads.
-        host_calls: Python host calls submitted since creation (eager).
-        host_calls_pending: Python host calls (eager and armed slot runs) not
-            yet run or abandoned.
-        host_slots: live graph host slots.
-        pooled_events: idle events in the event pool.
-        events_created: events the pool ever created.
-        switch_interval_lowered: the engine currently holds the switch
-            interval lowered (a Python host call is in flight).
-        loop_closed_warned: a completion arrived for an already closed event
-            loop (the one warning was issued).
-        closed: the engine is closed.
-        watchdog_wakeups: timed wake-ups of the watchdog thread (it has none
-            while nothing is queued).
-        watchdog_failed_lanes: lanes the watchdog failed (a wait that made no
-            progress while ``event_query`` raised).
-    """
-
-    pending: int
-    retired: int
-    failed: int
-    batches: int
-    max_batch: int
-    lanes: int
-    workers: int
-    host_calls: int
-    host_calls_pending: int
-    host_slots: int
-    pooled_events: int
-    events_created: int
-    switch_interval_lowered: bool
-    loop_closed_warned: bool
-    closed: bool
-    watchdog_wakeups: int = 0
-    watchdog_failed_lanes: int = 0
-
-
-
-
-def _default_exit_timeout() -> float:
-    try:
-        return float(os.environ.get("STREAMRT_EXIT_TIMEOUT", "5"))
-    except ValueError:
-        return 5.0
-
-
-class CompletionEngine:
+class CompletionEngine(_HostCalls):
     """Retires GPU work and runs Python host functions on runtime threads. One per runtime.
 
     Args:
@@ -338,168 +279,6 @@ class CompletionEngine:
         except Exception:  # noqa: BLE001 - a failed context; the handle is gone with it
             _log.debug("event_destroy failed for a retired event", exc_info=True)
 
-    # -- host functions ------------------------------------------------------------
-    def _new_completion(self) -> Completion:
-        completion = Completion()
-        completion._notifier = self._notifier
-        return completion
-
-    def host_call(
-        self, stream: int, fn: Callable[..., Any], args: tuple[Any, ...] = (), *, capture_checked: bool = False, backend: Any = None
-    ) -> Completion:
-        """Run the Python ``fn(*args)`` in stream order on a runtime worker thread.
-
-        Enqueues two native host functions on ``stream``: ``sem_post(ready)``
-        wakes the stream's worker, ``sem_wait(done)`` holds the stream
-        (GIL-free on the driver thread) until the worker has run ``fn``. The
-        returned Completion resolves with ``fn``'s return value or exception
-        (the stream goes on either way), on the stream's lane, in stream order
-        with the stream's other Completions; if the stream fails before
-        reaching the call, ``fn`` never runs and the Completion gets the
-        error. ``fn`` must not call HIP/CUDA, and a long ``fn`` blocks its
-        stream. Raises ``CaptureError`` if ``stream`` is capturing (use
-        :meth:`host_slot` for graphs). ``capture_checked``: the caller has just
-        checked that ``stream`` is not capturing (a pipeline launch), so the
-        check is not repeated. ``backend``: the stream's, for the two host
-        functions (a tracing wrapper while a trace is open); the guard event
-        is the engine's own.
-        """
-        if not callable(fn):
-            raise TypeError(f"host function must be callable, got {type(fn).__name__}")
-        own = self._backend  # the guard event is the engine's
-        lane = self._lane(stream)
-        with lane.lock:
-            lane._depth += 1  # a record-and-push section (see _Lane, "Order")
-            try:
-                self._check_open()
-                if not capture_checked and own.stream_is_capturing(stream):
-                    raise CaptureError(
-                        "host_call cannot be captured: a captured host node must re-run on every replay; "
-                        "use CompletionEngine.host_slot (pipelines do this in Pipeline.capture)"
-                    )
-                channel = self._channel(stream)
-                completion = self._new_completion()
-                req = channel.submit(HostRequest(fn, tuple(args), completion, committed=False), backend)
-                self._host_calls += 1
-                # The guard event after the call: its lane resolves the Completion in stream
-                # order, and fails the call instead if the stream dies before reaching it.
-                event = self._acquire_event()
-                try:
-                    own.event_record(event, stream)
-                except BaseException as exc:
-                    self._pool.append(event)
-                    channel.abandon(req, exc)  # no guard, no watchdog: fn will not run
-                    raise
-                completion._lanes = (lane,)
-                lane.push(_Entry(event, None, None, None, True, req, channel, unordered=lane._depth > 1))
-            finally:
-                lane._depth -= 1
-        # Only now: an error raised to the caller above is not also logged as never retrieved.
-        completion._log_unretrieved = True
-        return completion
-
-    def host_request(self, stream: int, fn: Callable[..., Any], args: tuple[Any, ...], backend: Any = None) -> HostRequest:
-        """A pipeline's Python host node: ``fn(*args)`` in stream order on the stream's worker, with no
-        Completion of its own and no guard event.
-
-        The launch's Run reads the outcome once its tail event retires (the
-        tail follows the call's hold, so by then the call has run, or the
-        stream failed and the Run abandons it: :meth:`~streamrt._hostcall._Worker.settle`).
-        Call with the stream's enqueue lock held, and only when it is not capturing.
-        """
-        lane = self._lane(stream)
-        with lane.lock:
-            self._check_open()
-            req = self._channel(stream).submit(HostRequest(fn, args, committed=False), backend)
-            self._host_calls += 1
-        return req
-
-    def host_call_native(self, stream: int, fn_ptr: int, user_data: int, *, keepalive: object = None) -> None:
-        """Enqueue the native ``void fn(void*)`` at ``fn_ptr``; it runs directly on the driver thread.
-
-        Pass the ctypes/numba object owning ``fn_ptr`` (and whatever
-        ``user_data`` points into) as ``keepalive``: it is held until the
-        function has run and dropped on a lane thread after.
-        """
-        if not fn_ptr:
-            raise ValueError("fn_ptr is NULL")
-        with self._lane(stream).lock:
-            self._check_open()
-            self._backend.launch_host_func(stream, fn_ptr, user_data)
-            if keepalive is not None:
-                self.completion_for_stream(stream, keepalive=keepalive)
-
-    def host_slot(self, fn: Callable[..., Any], args: tuple[Any, ...] = ()) -> HostSlot:
-        """A captured Python host node for a graph; see :class:`~streamrt._hostcall.HostSlot`.
-
-        The slot is owned by the Graph and lives as long as it; each replay
-        runs ``fn(*args)`` on the slot's worker thread.
-        """
-        self._check_open()
-        slot = HostSlot(self, fn, tuple(args))
-        with self._lock:
-            self._check_open()
-            self._slots.add(slot)
-        return slot
-
-    def _forget_slot(self, slot: HostSlot) -> None:
-        with self._lock:
-            self._slots.discard(slot)
-
-    def _channel(self, stream: int) -> HostChannel:
-        channel = self._channels.get(stream)
-        if channel is not None:
-            return channel
-        with self._lock:
-            self._check_open()
-            channel = self._channels.get(stream)
-            if channel is None:
-                channel = self._channels[stream] = HostChannel(self, stream, self._take_signal_locked())
-        return channel
-
-    @property
-    def stream_signals(self) -> bool:
-        """``True`` when Python host calls hold their stream with a signal wait (one host function each)."""
-        return self._uses_signals
-
-    def _take_signal_locked(self) -> int | None:
-        """A signal for a new channel (an idle one, else a new one); ``None`` without signals. Lock held."""
-        if self._signals is None:
-            return None
-        if self._signals:
-            return self._signals.pop()
-        return self._backend.signal_alloc()
-
-    def _return_signal(self, signal: int, *, reusable: bool) -> None:
-        """A stopped channel's signal: kept for the next channel, else leaked.
-
-        Leaked when a failed stream may still reach a wait on it, and when the
-        engine has already freed its pool (a lane that outlived a forced
-        close): a real free never runs on a lane thread.
-        """
-        with self._lock:
-            if reusable and self._signals is not None:
-                self._signals.append(signal)
-
-    def _announce_host_work(self, fn: Callable[..., Any]) -> None:
-        """Before what holds the stream for a Python host call: tell a simulator how long ``fn`` runs."""
-        if self._host_work is not None and self._expect_host_work is not None:
-            self._expect_host_work(self._host_work.for_function(fn))
-
-    def _python_call_started(self) -> None:
-        with self._lock:
-            self._python_in_flight += 1
-            if self._python_in_flight == 1 and self._switch_interval is not None and not self._holds_guard:
-                self._holds_guard = True
-                switch_interval_guard.acquire(self._switch_interval)
-
-    def _python_call_finished(self) -> None:
-        with self._lock:
-            self._python_in_flight -= 1
-            if self._python_in_flight == 0 and self._holds_guard:
-                self._holds_guard = False
-                switch_interval_guard.release()
-
     # -- lifetime ----------------------------------------------------------------------
     def forget_stream(self, stream: int) -> None:
         """Forget ``stream`` before it is destroyed. Never blocks.
@@ -695,49 +474,3 @@ class CompletionEngine:
     def __repr__(self) -> str:
         state = "closed" if self._closing else "open"
         return f"<CompletionEngine {getattr(self._backend, 'name', '?')}:{self._device} {state}>"
-
-
-def _lane_join_timeout(lane: _Lane, join_timeout: float | None) -> float | None:
-    """How long close() joins a stopped lane: briefly if it was failed (its thread may never return)."""
-    if lane.dead is not None:
-        return 0.1 if join_timeout is None else min(join_timeout, 0.1)
-    return join_timeout
-
-
-def _busy(waitable: Any) -> bool:
-    if isinstance(waitable, _Lane):
-        return waitable.outstanding > 0
-    return bool(waitable.in_flight > 0)
-
-
-def _abandon_lane(lane: _Lane) -> None:
-    """Forced close: resolve everything still queued on ``lane`` with ClosedError.
-
-    The queue is left to the (daemon) lane thread, which may still retire it
-    if the device ever gets there. Keepalives are *leaked*, not dropped: the
-    GPU may still be using what they hold.
-    """
-    exc = ClosedError("the runtime closed before this work completed")
-    for entry in list(lane._queue):
-        if entry.keepalive is not None:
-            _leaked_keepalives.append(entry.keepalive)
-        try:
-            entry._retire(exc, None)
-        except Exception:  # noqa: BLE001
-            _log.exception("could not give up %r", entry)
-
-
-# Keepalives of work given up by a forced close: never released (the device may still use them).
-_leaked_keepalives: list[object] = []
-
-
-def _close_all_at_exit(engines: Iterable[CompletionEngine] | None = None) -> None:
-    """``atexit``: close every live engine, giving in-flight work ``exit_timeout`` seconds."""
-    for engine in list(_live_engines if engines is None else engines):
-        try:
-            engine.close(timeout=engine.exit_timeout)
-        except Exception:  # noqa: BLE001 - never fail interpreter exit
-            _log.debug("closing a completion engine at exit failed", exc_info=True)
-
-
-atexit.register(_close_all_at_exit)

@@ -2,14 +2,16 @@
 
 Modules: ``_builder`` (:class:`Pipeline`: building, validation, launching),
 ``_nodes`` (the node kinds and the enqueue of a planned pipeline), ``_deps``
-(dependencies from declared access, fork plans), ``_plan`` (the compiled
-launch of a pipeline on one stream), ``_run`` (:class:`Run`, one future per
+(dependencies from declared access, fork plans), ``_launch`` (launches past
+the plan fast path: the policies' enqueue), ``_plan`` (the compiled launch of
+a pipeline on one stream), ``_run`` (:class:`Run`, one future per
 launch), ``_graph`` (:class:`Graph`, captured replays), ``_devices``
 (pipelines spanning devices).
 """
 
-from ._builder import POLICIES, Edge, Pipeline
+from ._builder import Edge, Pipeline
 from ._graph import Graph, capture_pipeline
+from ._launch import POLICIES
 from ._nodes import Node
 from ._run import Run, RunChain
 

@@ -21,17 +21,8 @@ kinds, read-only destinations, foreign nodes) and raise ``ValueError`` or
 pipeline (not empty, no cycle, no released buffer, one runtime, an open stream
 of it) before anything is enqueued.
 
-Launch policies:
-
-* ``"stream"`` — every node on the caller's stream in a topological order
-  (creation order whenever the edges allow): the seed's behaviour.
-* ``"fork"`` — independent branches on pooled side streams, ordered by events;
-  the first branch stays on the caller's stream. Side streams first wait for
-  the caller's stream (``wait_for="stream"``, the default), for an Event, or
-  for nothing (``wait_for=None``: the inputs are known ready). With
-  ``join=True`` (default) the caller's stream then waits for all branches;
-  with ``join=False`` call :meth:`Run.join` before the consumer instead, so the
-  caller's stream runs on meanwhile.
+Launch policies (``"stream"``, ``"fork"``) and how a launch is enqueued: see
+:mod:`streamrt._pipeline._launch`.
 
 Relaunching while an earlier Run of the same pipeline is in flight is safe:
 the new launch first waits for the earlier run's tail events (nothing is
@@ -61,7 +52,7 @@ from .._errors import CaptureError
 from .._extensions import hook
 from .._event import Event
 from ._deps import CycleError, ForkPlan, hazards, plan_fork, topological_order
-from ._devices import PeerCopyNode, check_node_devices, launch_across_devices, placement
+from ._devices import PeerCopyNode, check_node_devices, placement
 from ._nodes import (
     COPY_KIND,
     CopyNode,
@@ -72,22 +63,19 @@ from ._nodes import (
     Node,
     RecordNode,
     WaitNode,
-    enqueue_plan,
 )
 from ._graph import capture_pipeline
-from ._plan import LaunchPlan
+from ._launch import POLICIES, launch_pipeline
 from ._run import Run, RunChain
-from .._stream import Stream, holding
-from .._streampool import pool_for
+from .._stream import Stream
 
 if TYPE_CHECKING:
     from .._hostcall import HostRequest
     from ._graph import Graph
+    from ._plan import LaunchPlan
     from .._runtime import Runtime
 
-__all__ = ["POLICIES", "Edge", "Pipeline"]
-
-POLICIES = ("stream", "fork")
+__all__ = ["Edge", "Pipeline"]
 
 
 class Edge(tuple):  # type: ignore[type-arg]
@@ -345,45 +333,17 @@ class Pipeline:
         """Enqueue the pipeline on ``stream`` and return its :class:`Run`. Non-blocking.
 
         ``policy``: ``"stream"`` or ``"fork"``. ``wait_for`` and ``join``
-        apply to ``"fork"`` (see the module docstring). Everything is
-        validated before anything is enqueued. If the backend fails midway,
-        the error is raised; what was enqueued still completes and stays alive.
+        apply to ``"fork"`` (see :mod:`streamrt._pipeline._launch`).
+        Everything is validated before anything is enqueued. If the backend
+        fails midway, the error is raised; what was enqueued still completes
+        and stays alive.
         Raises ``CaptureError`` if ``stream`` is capturing (use :meth:`capture`).
         """
         if policy == "stream":
             compiled = self._plans.get(stream)
             if compiled is not None and compiled.backend is stream._backend is stream._runtime._base_backend:
                 return compiled.launch()
-        if policy not in POLICIES:
-            raise ValueError(f"unknown policy {policy!r}: use 'stream' or 'fork' (or capture() for a graph)")
-        if not (wait_for is None or wait_for == "stream" or isinstance(wait_for, Event)):
-            raise TypeError("wait_for must be 'stream', an Event or None")
-        stream = self._check_stream(stream)
-        if isinstance(wait_for, Event) and wait_for._runtime is not stream._runtime and wait_for._runtime._base_backend is not stream._runtime._base_backend:
-            raise ValueError("wait_for event belongs to another runtime with a different backend instance")
-        rt = stream._runtime
-        if rt._multi_device:  # host-node events and kernel launches need the stream's device current
-            stream._backend.ensure_device(rt._device)
-        with stream._lock, self._lock:  # the stream's lock first: see Stream.lock
-            if stream._closed:
-                stream._check_open()
-            if stream._backend.stream_is_capturing(stream._handle):
-                raise CaptureError(
-                    f"{stream.name} is capturing: launch() enqueues eager work whose completion is watched; "
-                    "use pipeline.capture(stream) to record the pipeline into a graph"
-                )
-            order, keep = self._validated()
-            where = self._placement(rt)
-            if where is not None:
-                return launch_across_devices(self, stream, order, keep, where, policy, wait_for, join)
-            plan = self._fork_plan() if policy == "fork" else None
-            if plan is not None and plan.slots == 1:
-                plan = None  # a single chain: nothing to fork
-            if plan is None:
-                if policy == "stream" and rt._backend is rt._base_backend:
-                    return self._plan_for(stream, order, keep).launch()
-                return self._launch_single(stream, order, keep, policy)
-            return self._launch_fork(stream, order, plan, keep, wait_for, join)
+        return launch_pipeline(self, stream, policy, wait_for, join)
 
     def capture(self, stream: Stream, *, policy: str = "stream", mode: CaptureMode = CaptureMode.THREAD_LOCAL) -> Graph:
         """Record the pipeline into a graph on ``stream`` (HIP/CUDA graph; the simulator's own).
@@ -425,59 +385,6 @@ class Pipeline:
     def _serialize_after_previous(self, targets: Sequence[Stream]) -> None:
         """Make ``targets`` wait for the previous run of this pipeline (or of a graph of it) if in flight."""
         self._chain.wait_previous(targets)
-
-    def _plan_for(self, stream: Stream, order: list[int], keep: tuple[Any, ...]) -> LaunchPlan:
-        """The launch plan of this version on ``stream`` (compiled now; closed streams' plans dropped)."""
-        plans = {s: p for s, p in self._plans.items() if not s._closed} if len(self._plans) >= 8 else self._plans
-        plan = plans[stream] = LaunchPlan(self, stream, self._nodes, order, keep)
-        self._plans = plans
-        return plan
-
-    def _launch_single(self, stream: Stream, order: list[int], keep: tuple[Any, ...], policy: str) -> Run:
-        pool = pool_for(stream._runtime)
-        self._serialize_after_previous((stream,))
-        ctx = EnqueueContext(capturing=False)
-        try:
-            enqueue_plan(self._nodes, order, None, [stream], None, ctx, fork_from_caller=None, join=True)
-        except BaseException as exc:
-            self._fail_partial(stream, keep, ctx, exc)
-            raise
-        run = Run(self._name, policy, (stream,), tuple(ctx.host), keep, stream._runtime._engine, (stream,))
-        self._chain.last = run
-        return run
-
-    def _launch_fork(
-        self, stream: Stream, order: list[int], plan: ForkPlan, keep: tuple[Any, ...], wait_for: str | Event | None, join: bool
-    ) -> Run:
-        rt = stream._runtime
-        pool = pool_for(rt)
-        sides = pool.acquire_streams(plan.slots - 1, stream.priority)
-        streams = [stream, *sides]
-        ctx = EnqueueContext(capturing=False)
-        fork_ev: Event | None = None
-        try:
-            with holding(sides):
-                if wait_for == "stream":
-                    self._serialize_after_previous((stream,))
-                    fork_ev = pool.acquire_event()
-                    stream.record(fork_ev)
-                    entry: Event | None = fork_ev
-                else:
-                    self._serialize_after_previous(streams)
-                    entry = wait_for if isinstance(wait_for, Event) else None
-                try:
-                    enqueue_plan(self._nodes, order, plan, streams, pool, ctx, fork_from_caller=entry, join=join)
-                except BaseException as exc:
-                    for s in streams:
-                        self._fail_partial(s, keep, ctx, exc if s is stream else None)
-                    raise
-                run = Run(self._name, "fork", tuple(streams), tuple(ctx.host), keep, rt._engine, streams if not join else (stream,))
-        finally:
-            if fork_ev is not None:
-                pool.release_event(fork_ev)
-            pool.release_streams(sides, stream.priority)
-        self._chain.last = run
-        return run
 
     def _fail_partial(self, stream: Stream, keep: tuple[Any, ...], ctx: EnqueueContext, exc: BaseException | None) -> None:
         """A launch failed midway: what was enqueued runs; a Run nobody gets keeps it alive until it completed,

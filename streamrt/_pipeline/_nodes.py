@@ -25,7 +25,7 @@ from .._backends.protocol import MemcpyKind
 from .._buffer import DEVICE, HOST, Buffer
 from ._deps import Access, ForkPlan
 from .._stream import _user_data, native_function_address
-from .._tracer import label
+from .._trace_labels import label
 
 if TYPE_CHECKING:
     from .._event import Event
@@ -452,7 +452,7 @@ def enqueue_plan(
     the backend or a node raised; ``ctx.current`` then names the node.
 
     While the runtime is traced, each node's ops (and the waits and the
-    record around a step) are enqueued under :func:`~streamrt._tracer.label`
+    record around a step) are enqueued under :func:`~streamrt._trace_labels.label`
     with the pipeline's and the node's names, so the tracing backend labels
     them; the entry and join waits carry the pipeline's name only.
     """

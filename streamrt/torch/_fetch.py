@@ -48,7 +48,7 @@ from .._errors import CaptureError
 from .._completion import Completion
 from .._extensions import provide
 from .._stream import Stream
-from .._tracer import label
+from .._trace_labels import label
 from ._context import TorchContext, context
 from ._interop import record_stream
 from ._lazy import host_dtype, is_tensor, torch_module

@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._stream import Stream
-from .._tracer import label
+from .._trace_labels import label
 from ._context import context
 from ._interop import tensor_buffer
 from ._lazy import is_tensor, numpy_to_torch_dtype, torch_module

@@ -17,8 +17,8 @@ from _completion_helpers import FaultyBackend, Harness, InjectedFailure, wait_un
 from streamrt._backends.protocol import PointerKind
 from streamrt._completion import Completion, CompletionEngine
 from streamrt._errors import BackendError, CaptureError, ClosedError
-from streamrt._hostcall import DEFAULT_SWITCH_INTERVAL
 from streamrt._native import SEM_POST_ADDRESS, SEM_WAIT_ADDRESS, Semaphore
+from streamrt._switch_interval import DEFAULT_SWITCH_INTERVAL
 
 
 class Token:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from streamrt._hostcall import SwitchIntervalGuard
+from streamrt._switch_interval import SwitchIntervalGuard
 
 
 @pytest.fixture
