@@ -408,10 +408,10 @@ class CachingAllocator:
                 if fence is not None and not fence.is_empty:
                     self._fences += 1
                     self._lists.pend(ptr, cls, fence)
-                elif home is None or (own and home[0] is not None):  # (not retired meanwhile)
+                elif home is None or (own and home[0] is not None):
                     free.append(ptr)
-                else:
-                    self._lists.ready.setdefault(cls, []).append(ptr)
+                else:  # its stream's lists were retired meanwhile (the stream closed): after the whole device
+                    self._lists.pend(ptr, cls, Fence.device_wide(self._runtime))
         if closed:
             if fence is not None:
                 fence.discard(self._events)
