@@ -139,11 +139,12 @@ def test_a_block_other_streams_used_is_still_fenced(hazard_rt: srt.Runtime, fast
 
 
 def test_the_hazard_checker_catches_cross_stream_reuse_without_a_fence(hazard_rt: srt.Runtime, fastpath: str) -> None:
-    """The control: an allocator that forgets the streams reuses the block while s2 may still write it."""
+    """The control: an allocator that forgets the other streams reuses the block while s2 may still write it."""
 
     class Careless(allocators.CachingDeviceAllocator):
         def _release_slow(self, ptr: int, nbytes: int, streams: object, entry: Any) -> None:
-            super()._release_slow(ptr, nbytes, None, entry)
+            home = entry[2][0]  # the stream it was allocated for: as if no other stream had used it
+            super()._release_slow(ptr, nbytes, {home}, entry)
 
     rt = hazard_rt
     d = Careless(rt)
