@@ -1,9 +1,12 @@
 """allocators: caching pinned-host and device allocators for streamrt.
 
 Implements the :class:`streamrt.Allocator` protocol through streamrt's public
-API. ``streamrt.open_runtime`` uses :func:`default_allocator` for its default
-``"caching"`` allocators; pass another allocator, or a factory, to plug in a
-different source or a whole allocator::
+API and its allocator seam (``streamrt.Buffer``'s construction and
+stream-ordered release; see ``docs/allocators.md``). The device allocator keeps
+free lists per stream: a block only its stream used is reused on that stream
+at once, with no event. ``streamrt.open_runtime`` uses :func:`default_allocator`
+for its default ``"caching"`` allocators; pass another allocator, or a factory,
+to plug in a different source or a whole allocator::
 
     import streamrt as srt
     import allocators
@@ -26,7 +29,8 @@ from typing import Any, Callable
 
 import streamrt as srt
 
-from ._caching import CachedBuffer, CachingAllocator, CachingDeviceAllocator, CachingPinnedAllocator
+from ._cached_buffer import CachedBuffer
+from ._caching import CachingAllocator, CachingDeviceAllocator, CachingPinnedAllocator
 from ._capture import CapturePool
 from ._debug import POISON
 from ._size_classes import SizeClasses

@@ -1,27 +1,33 @@
-"""The caching allocators: size-classed blocks, reused once every stream that used them has passed.
+"""The caching allocators: size-classed blocks, reused once every stream that used them has passed,
+or at once on the one stream that used them.
 
 How a block moves (see ``docs/allocators.md``)::
 
-    source --miss--> in use --release, no stream used it--> cached --hit--> in use
-                        \\--release after stream work--> in flight (a Fence)
-                                 --fence found passed when allocate looks--> in use, or cached
+    source --miss--> in use --release, no stream used it--------------------> shared list --hit--> in use
+                        |\\--release, only the stream it was allocated for--> that stream's list
+                        |                                   --hit on that stream, no event--> in use
+                        \\--release after other streams' work--> in flight (a Fence)
+                                 --fence found passed when allocate looks--> in use, or shared list
+    a stream's list --a request elsewhere finds nothing else--> in flight (one event on that stream)
     cached / in flight --trim, eviction, OOM flush, close--> releaser thread --> source.free
 
-**Hot path.** ``allocate`` of a size seen before, with a free block of its
-class, and ``release`` of a block no stream used, are a dict lookup, a list
-pop or append and a few counter updates: no lock, no event, no thread hop.
-They run in the allocator's :mod:`~allocators._fastpath` (C when built, else
-its Python twin), which shares the hits / in-use / peak / requested counters
-with the slow paths. Buffers are :class:`CachedBuffer`, whose ``release``
-calls that path first. It relies on the GIL (see ``_fastpath``). Where the
-GIL is disabled (free-threaded CPython) the hot path is switched off and every
+**Hot path.** ``allocate`` of a size seen before, with a free block in the
+shared list (no ``stream``) or in the stream's own list (``stream=s``, device
+memory), and ``release`` of a block that needs no fence, are a dict lookup, a
+list pop or append and a few counter updates: no lock, no event, no thread
+hop (``stream=s`` adds the capture check of ``detect_capture``). They run in
+the allocator's :mod:`~allocators._fastpath` (C when built, else its Python
+twin), which shares the hits / in-use / peak / requested counters with the
+slow paths. It relies on the GIL (see ``_fastpath``). Where the GIL is
+disabled (free-threaded CPython) the hot path is switched off and every
 operation takes the allocator's lock. Everything else -- the slow paths, and
 every table change made by them -- takes the lock.
 
-**Keepalive.** A block that streams used gets one event per stream at release
-(:class:`~allocators._fence.Fence`). The events are queried lazily, when
-``allocate`` finds no free block of the class: at most a few pending blocks
-per call, never from a runtime thread.
+**Keepalive.** A block that other streams used gets one event per stream at
+release (:class:`~allocators._fence.Fence`). The events are queried lazily,
+when ``allocate`` finds no free block of the class: at most a few pending
+blocks per call, never from a runtime thread. Pinned blocks have no per-stream
+lists: the host writes them directly, outside any stream's order.
 
 Thread rules: every method may be called from any thread. ``allocate`` may
 block on the source and, when memory runs out, on in-flight work (the flush)
@@ -32,30 +38,31 @@ releaser thread.
 from __future__ import annotations
 
 import threading
-from collections import deque
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import streamrt as srt
 
 from . import _captures
+from ._cached_buffer import CachedBuffer
 from ._capture import CapturePool
+from ._capture_routing import open_pool, route, take_implicit_pool
 from ._debug import DebugChecks
-from ._fastpath import GIL_ENABLED, FastPath
+from ._fastpath import FIELDS, GIL_ENABLED, FastPath
 from ._fence import EventPool, Fence
+from ._free_lists import FreeLists, pop
+from . import _drain
 from ._size_classes import SizeClasses
 from ._sources import RawSource, Source
 from ._statistics import CachingAllocatorStatistics
-from ._streamrt_api import note_stream
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Set
 
+    from ._fastpath import Entry
+
 __all__ = ["CachingAllocator", "CachingDeviceAllocator", "CachingPinnedAllocator"]
 
-_POLL_PER_MISS = 4  # pending blocks of a class whose fences one allocate may query
-_FAST_LIMIT = 4096  # distinct request sizes memoized for the fast path
 _NO_FLUSH = " (no flush during a graph capture)"
-
 
 
 def _check_nbytes(nbytes: Any) -> int:
@@ -73,58 +80,6 @@ def _check_limit(value: int | None, name: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be a non-negative int or None, got {value!r}")
     return value
-
-
-def _pop(free: list[int]) -> int:
-    """Pop a block, or 0 when the list is (or just became) empty."""
-    try:
-        return free.pop()
-    except IndexError:
-        return 0
-
-
-class CachedBuffer(srt.Buffer):
-    """A :class:`streamrt.Buffer` handed out by a :class:`CachingAllocator`.
-
-    It behaves as any allocator Buffer; only the round trip is specialised.
-    Its ``release`` gives the block back through the allocator's hot path
-    (:mod:`allocators._fastpath`: a block no stream used goes straight back to
-    its free list) instead of through Buffer's ``on_release`` hook. Each
-    allocator hands out buffers of its own subclass, whose class attributes
-    hold the fields its buffers share (kind, runtime, allocator; never a view,
-    no owner, no hook), so a hand-out sets five fields and runs no ``__init__``
-    (see the keepalive rules in ``docs/allocators.md``). Not constructed by
-    hand. Thread rules are Buffer's.
-    """
-
-    __slots__ = ("_entry",)  # (size class, free list): where release puts the block back
-    # Buffer's slots that are the same for every cached buffer (never a view, no owner, no hook).
-    _base = None
-    _offset = 0
-    _owner = None
-    _on_release = None
-    _readonly = False
-    # Set by each allocator's subclass.
-    _allocator: CachingAllocator
-    _give: Callable[[CachedBuffer], int]
-    _entry: tuple[int, list[int]]
-
-    def __init__(self) -> None:
-        raise TypeError("CachedBuffers are made by a CachingAllocator's allocate()")
-
-    def release(self) -> None:
-        """Give the block back to its allocator: cached at once if no stream used it, else in flight
-        until every stream that did has passed. Non-blocking. Releasing twice raises ``ValueError``."""
-        step = self._give(self)  # the allocator's FastPath.give (allocators._fastpath)
-        if step:
-            self._allocator._finish_release(self, step)
-
-    def _release_locked(self) -> None:
-        """``release`` of an allocator without the lock-free fast path (debug mode, no GIL)."""
-        if self._released:
-            raise ValueError("buffer released twice")
-        self._released = True
-        self._allocator._release_slow(self._ptr, self._nbytes, self._streams)
 
 
 class CachingAllocator:
@@ -154,13 +109,14 @@ class CachingAllocator:
     """
 
     kind: str = ""
+    #: Blocks released after work on the stream they were allocated for alone go to that stream's own list.
+    per_stream: bool = False
     # Slots, not an instance dict: smaller, and quicker to read on every path.
     __slots__ = (
         "_runtime", "_backend", "_source", "_classes", "_max_cached", "_max_total", "_check_capture",
-        "_detect_capture", "_lock", "_fast", "_fast_on", "_buffer_type", "_ready", "_pending", "_events",
-        "_pools", "_bindings", "_implicit", "_held", "_in_flight", "_freeing",
-        "_pool_bytes", "_reserving", "_misses", "_frees", "_flushes", "_evictions",
-        "_closed", "_source_closed", "_fp", "_take", "_debug", "__weakref__",
+        "_detect_capture", "_lock", "_lists", "_buffer_type", "_events", "_pools", "_bindings", "_implicit",
+        "_held", "_freeing", "_pool_bytes", "_reserving", "_misses", "_frees", "_flushes", "_evictions",
+        "_fences", "_closed", "_source_closed", "_fp", "_take", "_take_on", "_debug", "__weakref__",
     )  # fmt: skip
 
     def __init__(
@@ -199,16 +155,8 @@ class CachingAllocator:
         self._check_capture = runtime.capabilities.supports_graphs
         self._detect_capture = bool(detect_capture) and self._check_capture
         self._lock = threading.Lock()
-        # Request size -> (size class, that class's free list). Lists are never replaced.
-        self._fast: dict[int, tuple[int, list[int]]] = {}
-        self._fast_on = GIL_ENABLED and not debug  # the lock-free hot path needs the GIL
-        # The CachedBuffer subclass this allocator hands out: the fields its buffers share.
-        shared: dict[str, Any] = {"__slots__": (), "__module__": __name__, "_kind": kind, "_runtime": runtime, "_allocator": self}
-        if not self._fast_on:
-            shared["release"] = CachedBuffer._release_locked
-        self._buffer_type: type[CachedBuffer] = type("CachedBuffer", (CachedBuffer,), shared)
-        self._ready: dict[int, list[int]] = {}  # size class -> free blocks (LIFO)
-        self._pending: dict[int, deque[tuple[int, Fence]]] = {}  # size class -> released, fence not yet seen passed
+        fast_on = GIL_ENABLED and not debug  # the lock-free hot path needs the GIL
+        self._lists = FreeLists(classes, memoize=fast_on)
         self._events = EventPool(runtime)
         # Capture pools: every open pool, streams bound to one, implicit pools per stream.
         self._pools: set[CapturePool] = set()
@@ -217,7 +165,6 @@ class CachingAllocator:
         # Counters, in size-class bytes unless named "requested". Cached bytes are
         # what is left: held - in_use - in_flight - freeing - pool - reserving.
         self._held = 0
-        self._in_flight = 0
         self._freeing = 0  # taken out of the cache, free submitted to the releaser, not yet run
         self._pool_bytes = 0
         self._reserving = 0  # counted as held, source.allocate not yet returned
@@ -225,14 +172,23 @@ class CachingAllocator:
         self._frees = 0
         self._flushes = 0
         self._evictions = 0
+        self._fences = 0
         self._closed = False
         self._source_closed = False
-        # The hot path (allocators._fastpath) and the counters it shares with the slow paths:
-        # hits, in_use, peak, requested. post_release: the allocator closed, or a cache limit to keep.
-        self._fp = FastPath(self._buffer_type, self._fast)
+        # The buffers this allocator hands out (the allocator seam's fast construction), and the hot
+        # path (allocators._fastpath) with the counters it shares with the slow paths: hits,
+        # stream_hits, in_use, peak, requested. post_release: the allocator closed, or a cache limit to keep.
+        extra: dict[str, Any] = {"_allocator": self}
+        if not fast_on:
+            extra["release"] = CachedBuffer._release_locked
+        self._buffer_type: type[CachedBuffer] = CachedBuffer.allocation_type(kind, runtime, **extra)
+        lists = self._lists
+        is_capturing = self._backend.stream_is_capturing if self._detect_capture else None
+        self._fp = FastPath(self._buffer_type, FIELDS, lists.fast, lists.streams, self._bindings, is_capturing)
         self._fp.post_release = self._max_cached is not None
         self._buffer_type._give = self._fp.give
         self._take = self._fp.take
+        self._take_on = self._fp.take_on
         self._debug = DebugChecks(self) if debug else None
 
     # -- properties ---------------------------------------------------------------------------
@@ -264,24 +220,9 @@ class CachingAllocator:
     def is_closed(self) -> bool:
         return self._closed
 
-    # -- size classes -----------------------------------------------------------------------------
     def block_size(self, nbytes: int) -> int:
         """The bytes of the block that serves a request of ``nbytes`` bytes."""
-        return self._entry(_check_nbytes(nbytes))[0]
-
-    def _entry(self, nbytes: int) -> tuple[int, list[int]]:
-        """``(size class, free list)`` of a validated request size; memoized for the fast path."""
-        entry = self._fast.get(nbytes)
-        if entry is not None:
-            return entry
-        cls = self._classes.round(nbytes)
-        free = self._ready.get(cls)
-        if free is None:
-            free = self._ready.setdefault(cls, [])
-        entry = (cls, free)
-        if self._fast_on and len(self._fast) < _FAST_LIMIT and not self._closed:
-            self._fast[nbytes] = entry
-        return entry
+        return self._classes.round(_check_nbytes(nbytes))
 
     # -- allocation ------------------------------------------------------------------------------
     def allocate(self, nbytes: int, *, stream: srt.Stream | None = None) -> srt.Buffer:
@@ -289,37 +230,47 @@ class CachingAllocator:
 
         ``stream``: the stream that will use the buffer. Its release then waits
         for that stream even if no work names the buffer; on a capturing
-        stream the buffer comes from the stream's capture pool. A reused block
-        is handed out only once every stream that used it has passed its
-        release, so the host may write into a reused pinned block at once.
+        stream the buffer comes from the stream's capture pool. A block is
+        handed out only once every stream that used it has passed its release
+        (so the host may write into a reused pinned block at once), except a
+        device block that only ``stream`` used: that one may be handed out at
+        once for ``stream``, whose work runs after its earlier work in stream
+        order. Use such a buffer on ``stream``, or order other streams after
+        it (``other.wait(stream.record())``), as with torch's and CuPy's pools.
 
         Blocks on the source on a miss. When memory runs out, flushes the cache
         (waiting for in-flight work), retries, then raises
         :class:`streamrt.OutOfMemoryError`. Raises ``ClosedError`` after :meth:`close`.
         """
-        if stream is None:
-            buf = self._take(nbytes)
-            if buf is not None:
-                return buf
+        buf = self._take(nbytes) if stream is None else self._take_on(nbytes, stream)
+        if buf is not None:
+            return buf
         return self._allocate(nbytes, stream)
 
     def _allocate(self, nbytes: Any, stream: srt.Stream | None) -> srt.Buffer:
         """The slow path of :meth:`allocate`: validation, capture routing, pending blocks, the source."""
         nbytes = _check_nbytes(nbytes)
-        entry = self._entry(nbytes)
-        cls, free = entry
+        home = None
         if stream is not None:
-            pool = self._route(stream)
+            pool = route(self, stream)
             if pool is not None:
                 return pool.allocate(nbytes, stream=stream)
+            if self.per_stream and not stream.is_closed:
+                home = stream
+        lists = self._lists
+        own = False
         with self._lock:
             if self._closed:
                 raise srt.ClosedError(f"{type(self).__name__} is closed")
-            ptr = _pop(free) if free else 0
-            if not ptr and self._pending.get(cls):
-                ptr = self._reclaim_locked(cls)
+            entry = lists.entry(nbytes, home)
+            cls = entry[0]
+            ptr = pop(entry[1]) if home is not None else 0  # the stream's own list first
+            own = ptr != 0
+            if not ptr:
+                ptr = self._reuse_locked(cls, home)
             if ptr:
                 self._fp.hits += 1
+                self._fp.stream_hits += own
                 self._account_out_locked(cls, nbytes)
         if not ptr:
             ptr = self._obtain(cls, nbytes, stream, capturing=False)
@@ -327,12 +278,39 @@ class CachingAllocator:
                 self._reserving -= cls
                 self._misses += 1
                 self._account_out_locked(cls, nbytes)
-        buf = self._fp.hand_out(ptr, nbytes, entry)
-        if stream is not None:
-            note_stream(buf, stream)
+        buf = self._fp.hand_out(ptr, nbytes, entry, stream)
         if self._debug is not None:
-            self._debug.handed_out(ptr, cls)
+            self._debug.handed_out(ptr, cls, check_host=not own)
         return buf
+
+    def _reuse_locked(self, cls: int, home: srt.Stream | None) -> int:
+        """A block of ``cls`` every stream has passed (a shared list, then in flight), or 0.
+
+        With none, and streams' own lists holding blocks of ``cls``, those are
+        put in flight behind one event per stream and looked at once more.
+        """
+        lists = self._lists
+        free = lists.ready.get(cls)
+        ptr = pop(free) if free else 0
+        if ptr or _captures.captures_underway():
+            return ptr
+        runtime, events = self._runtime, self._events
+        ptr = lists.reclaim(cls, runtime, events)
+        if not ptr and lists.own and self._fence_own_locked(cls=cls, exclude=home):
+            ptr = lists.reclaim(cls, runtime, events)
+        return ptr
+
+    def _fence_own_locked(self, **select: Any) -> int:
+        """Put blocks of streams' own lists in flight behind one fence per stream (``FreeLists.take_own``'s
+        ``select``); the number of fences recorded."""
+        lists, runtime, events = self._lists, self._runtime, self._events
+        taken = lists.take_own(**select)
+        for stream, blocks in taken:
+            fence = Fence() if runtime.is_closed else Fence.record(runtime, events, (stream,), check_capture=self._check_capture)
+            for ptr, cls in blocks:
+                lists.pend(ptr, cls, fence)
+            self._fences += not fence.is_empty
+        return len(taken)
 
     def _account_out_locked(self, cls: int, nbytes: int) -> None:
         fp = self._fp
@@ -341,21 +319,6 @@ class CachingAllocator:
         if in_use > fp.peak:
             fp.peak = in_use
         fp.requested += nbytes
-
-    def _reclaim_locked(self, cls: int) -> int:
-        """A pending block of ``cls`` whose fence has passed, or 0. Queries at most a few fences."""
-        if _captures.captures_underway():
-            return 0
-        queue = self._pending[cls]
-        runtime, events = self._runtime, self._events
-        for _ in range(min(len(queue), _POLL_PER_MISS)):
-            ptr, fence = queue[0]
-            if fence.poll(runtime, events):
-                queue.popleft()
-                self._in_flight -= cls
-                return ptr
-            queue.rotate(-1)
-        return 0
 
     def _obtain(self, cls: int, nbytes: int, stream: srt.Stream | None, *, capturing: bool) -> int:
         """A new block from the source within ``max_total_bytes``; flush and retry once when out of memory.
@@ -372,7 +335,7 @@ class CachingAllocator:
             except srt.OutOfMemoryError:
                 if capturing:
                     raise
-            self._flush()
+            _drain.flush(self)
             return source.allocate(cls, stream)
         except srt.OutOfMemoryError as exc:
             with self._lock:
@@ -396,7 +359,7 @@ class CachingAllocator:
                 self._reserving += cls
                 return
         if not capturing:
-            self._flush()
+            _drain.flush(self)
             with self._lock:
                 if self._held + cls <= limit:
                     self._held += cls
@@ -407,7 +370,7 @@ class CachingAllocator:
     def _oom(self, nbytes: int, cls: int, why: str) -> srt.OutOfMemoryError:
         with self._lock:
             in_use, held, pool = self._fp.in_use, self._held, self._pool_bytes
-            cached = self._cached_locked() + self._in_flight + self._freeing
+            cached = self._cached_locked() + self._lists.in_flight + self._freeing
         return srt.OutOfMemoryError(
             f"{type(self).__name__}: cannot allocate {nbytes} bytes (a {cls}-byte block): {why}; "
             f"after flushing the cache: {in_use} bytes in use, {cached} cached or in flight, "
@@ -420,59 +383,48 @@ class CachingAllocator:
 
     def _cached_locked(self) -> int:
         # One expression with no calls: never interleaved with a fast-path update.
-        return self._held - self._fp.in_use - self._in_flight - self._freeing - self._pool_bytes - self._reserving
+        return self._held - self._fp.in_use - self._lists.in_flight - self._freeing - self._pool_bytes - self._reserving
 
     # -- release -------------------------------------------------------------------------------
-    def _release_slow(self, ptr: int, nbytes: int, streams: Set[srt.Stream] | None) -> None:
+    def _release_slow(self, ptr: int, nbytes: int, streams: Set[srt.Stream] | None, entry: Entry) -> None:
         """:meth:`CachedBuffer.release` beyond its fast path: streams to wait for, debug, a closed allocator."""
-        cls, free = self._entry(nbytes)
-        fence: Fence | None = None
+        cls, free, home = entry
         if self._closed:
-            self._release_after_close(ptr, nbytes, cls, streams or ())
+            _drain.release_after_close(self, ptr, nbytes, cls, streams or ())
             return
+        stream = None if home is None else home[0]
+        # Only the stream it was allocated for used it (the hot path's rule): back to that stream's list.
+        own = stream is not None and streams is not None and len(streams) == 1 and stream in streams and not stream.is_closed
+        fence: Fence | None = None
         if self._debug is not None:
-            fence = self._debug.poison(ptr, cls, streams or frozenset())
-        elif streams:
+            fence = self._debug.poison(ptr, cls, streams or frozenset(), stream if own else None)
+        elif streams and not own:
             fence = Fence.record(self._runtime, self._events, streams, check_capture=self._check_capture)
         with self._lock:
             closed = self._closed
             if not closed:
                 self._fp.in_use -= cls
                 self._fp.requested -= nbytes
-                if fence is None or fence.is_empty:
+                if fence is not None and not fence.is_empty:
+                    self._fences += 1
+                    self._lists.pend(ptr, cls, fence)
+                elif home is None or (own and home[0] is not None):
                     free.append(ptr)
-                else:
-                    self._pend_locked(ptr, cls, fence)
+                else:  # its stream's lists were retired meanwhile (the stream closed): after the whole device
+                    self._lists.pend(ptr, cls, Fence.device_wide(self._runtime))
         if closed:
             if fence is not None:
                 fence.discard(self._events)
-            self._release_after_close(ptr, nbytes, cls, streams or ())
+            _drain.release_after_close(self, ptr, nbytes, cls, streams or ())
         elif self._fp.post_release:
-            self._after_release()
+            _drain.after_release(self)
 
     def _finish_release(self, buf: CachedBuffer, step: int) -> None:
         """The rest of a :meth:`CachedBuffer.release` after ``FastPath.give`` returned ``step`` (1 or 2)."""
         if step == 1:
-            self._release_slow(buf._ptr, buf._nbytes, buf._streams)
+            self._release_slow(buf._ptr, buf._nbytes, buf._streams, buf._entry)
         else:
-            self._after_release()
-
-    def _pend_locked(self, ptr: int, cls: int, fence: Fence) -> None:
-        """Put a block in flight: reusable once ``fence`` is found passed. Lock held."""
-        queue = self._pending.get(cls)
-        if queue is None:
-            queue = self._pending[cls] = deque()
-        queue.append((ptr, fence))
-        self._in_flight += cls
-
-    def _after_release(self) -> None:
-        """After a release: drain the cache if the allocator closed meanwhile, else keep the cache limit."""
-        if self._closed:
-            with self._lock:
-                blocks = self._take_ready_locked()
-            self._submit_frees(blocks, wait=False)
-        else:
-            self._enforce_cache_limit()
+            _drain.after_release(self)
 
     def _adopt_blocks(self, blocks: list[tuple[int, int]], fence: Fence) -> None:
         """Take back blocks of a closed capture pool; reusable once ``fence`` has passed.
@@ -489,166 +441,12 @@ class CachingAllocator:
                     self._freeing += cls
             elif fence.is_empty:
                 for ptr, cls in blocks:
-                    self._ready.setdefault(cls, []).append(ptr)
+                    self._lists.ready.setdefault(cls, []).append(ptr)
             else:
                 for ptr, cls in blocks:
-                    self._pend_locked(ptr, cls, fence)
+                    self._lists.pend(ptr, cls, fence)
         if closed:
-            self._runtime.releaser.submit(self._free_after_fence, list(blocks), fence)
-
-    def _release_after_close(self, ptr: int, nbytes: int, cls: int, streams: Iterable[srt.Stream]) -> None:
-        """A buffer released after :meth:`close`: freed once its streams pass (on the releaser thread)."""
-        with self._lock:
-            self._fp.in_use -= cls
-            self._fp.requested -= nbytes
-            self._freeing += cls
-        runtime = self._runtime
-        fence = Fence() if runtime.is_closed else Fence.record(runtime, self._events, streams, check_capture=self._check_capture)
-        runtime.releaser.submit(self._free_after_fence, [(ptr, cls)], fence)
-
-    def _free_after_fence(self, blocks: list[tuple[int, int]], fence: Fence) -> None:
-        """On the releaser thread: wait for ``fence``, then free ``blocks``."""
-        if self._runtime.is_closed:
-            fence.discard(self._events)
-        elif not fence.wait(self._runtime, self._events):
-            # A stream is still capturing a graph that may use the blocks: they cannot be freed safely.
-            with self._lock:
-                for _ptr, cls in blocks:
-                    self._freeing -= cls
-                    self._held -= cls
-            return
-        self._free_now(blocks)
-
-    # -- freeing -----------------------------------------------------------------------------------
-    def _free_now(self, blocks: list[tuple[int, int]]) -> None:
-        """Give ``blocks`` back to the source. Runs on the releaser thread (or inline after it stopped)."""
-        error: BaseException | None = None
-        free = self._source.free
-        runtime_open = not self._runtime.is_closed
-        for ptr, cls in blocks:
-            try:
-                if runtime_open:
-                    free(ptr)
-            except BaseException as exc:  # keep freeing the others; report the first failure
-                if error is None:
-                    error = exc
-            finally:
-                with self._lock:
-                    self._freeing -= cls
-                    self._held -= cls
-                    self._frees += 1
-        self._maybe_close_source()
-        if error is not None:
-            raise error
-
-    def _submit_frees(self, blocks: list[tuple[int, int]], *, wait: bool) -> None:
-        """Free ``blocks`` (already counted in ``_freeing``) on the releaser thread; ``wait`` blocks until done."""
-        if not blocks:
-            return
-        releaser = self._runtime.releaser
-        if threading.get_ident() == releaser.thread_ident:
-            self._free_now(blocks)
-            return
-        if not wait:
-            releaser.submit(self._free_now, blocks)
-            return
-        done = threading.Event()
-
-        def free_then_signal() -> None:
-            try:
-                self._free_now(blocks)
-            finally:
-                done.set()
-
-        releaser.submit(free_then_signal)
-        done.wait()
-
-    def _take_ready_locked(self) -> list[tuple[int, int]]:
-        blocks: list[tuple[int, int]] = []
-        for cls, free in self._ready.items():
-            while True:
-                ptr = _pop(free)
-                if not ptr:
-                    break
-                blocks.append((ptr, cls))
-                self._freeing += cls
-        return blocks
-
-    def _poll_all_locked(self) -> None:
-        """Move every pending block whose fence has passed to the cache (not during a capture)."""
-        if _captures.captures_underway():
-            return
-        runtime, events = self._runtime, self._events
-        for cls, queue in self._pending.items():
-            if not queue:
-                continue
-            still: deque[tuple[int, Fence]] = deque()
-            free = self._ready.setdefault(cls, [])
-            for ptr, fence in queue:
-                if fence.poll(runtime, events):
-                    self._in_flight -= cls
-                    free.append(ptr)
-                else:
-                    still.append((ptr, fence))
-            queue.clear()
-            queue.extend(still)
-
-    def _enforce_cache_limit(self) -> None:
-        """Free cached blocks, largest first, until cached + in flight is within ``max_cached_bytes``."""
-        if self._max_cached is None:
-            return
-        with self._lock:
-            if self._in_flight and self._cached_locked() + self._in_flight > self._max_cached:
-                self._poll_all_locked()
-            blocks = self._evict_locked()
-        self._submit_frees(blocks, wait=False)
-
-    def _evict_locked(self) -> list[tuple[int, int]]:
-        """Take cached blocks, largest first, until cached + in flight is within ``max_cached_bytes``."""
-        limit = self._max_cached
-        blocks: list[tuple[int, int]] = []
-        if limit is None or self._cached_locked() + self._in_flight <= limit:
-            return blocks
-        for cls in sorted((c for c, free in self._ready.items() if free), reverse=True):
-            free = self._ready[cls]
-            while self._cached_locked() + self._in_flight > limit:
-                ptr = _pop(free)
-                if not ptr:
-                    break
-                blocks.append((ptr, cls))
-                self._freeing += cls
-            if self._cached_locked() + self._in_flight <= limit:
-                break
-        self._evictions += len(blocks)
-        return blocks
-
-    def _flush(self, *, count: bool = True) -> None:
-        """Out of memory: free every cached block, wait for in-flight ones and free them too."""
-        capturing = _captures.captures_underway()
-        with self._lock:
-            self._flushes += count
-            blocks = self._take_ready_locked()
-            waiting: list[tuple[int, int, Fence]] = []
-            if not capturing:
-                for cls, queue in self._pending.items():
-                    while queue:
-                        ptr, fence = queue.popleft()
-                        waiting.append((ptr, cls, fence))
-                        self._in_flight -= cls
-                        self._freeing += cls
-        runtime, events = self._runtime, self._events
-        passed: dict[int, bool] = {}  # one wait per fence: entries sharing a fence were taken out together
-        for _ptr, _cls, fence in waiting:
-            if id(fence) not in passed:
-                passed[id(fence)] = fence.wait(runtime, events)
-        back = [(ptr, cls, fence) for ptr, cls, fence in waiting if not passed[id(fence)]]
-        blocks.extend((ptr, cls) for ptr, cls, fence in waiting if passed[id(fence)])
-        if back:  # a stream is still capturing: back to in flight, all together
-            with self._lock:
-                for ptr, cls, fence in back:
-                    self._freeing -= cls
-                    self._pend_locked(ptr, cls, fence)
-        self._submit_frees(blocks, wait=True)
+            self._runtime.releaser.submit(_drain.free_after_fence, self, list(blocks), fence)
 
     # -- capture pools -------------------------------------------------------------------------------
     def capture_pool(self, stream: srt.Stream | None = None, *, reserve: Iterable[int] = ()) -> CapturePool:
@@ -660,65 +458,18 @@ class CachingAllocator:
         each (a capture may not call a synchronizing malloc). See
         :class:`~allocators.CapturePool` for the hand-off to the graph.
         """
-        if stream is not None:
-            self._check_stream(stream)
-        with self._lock:
-            if self._closed:
-                raise srt.ClosedError(f"{type(self).__name__} is closed")
-            pool = CapturePool(self, stream)
-        try:
-            for nbytes in reserve:
-                pool.reserve(nbytes)
-        except BaseException:
-            pool.close()
-            raise
-        return pool
+        return open_pool(self, stream, reserve)
 
     def take_capture_pool(self, stream: srt.Stream) -> CapturePool | None:
         """The pool made implicitly for the latest capture on ``stream`` (an ``allocate(n, stream=stream)``
         found it capturing), now owned by the caller, who closes it with the graph; ``None`` if none."""
-        self._check_stream(stream)
-        with self._lock:
-            pool = self._implicit.pop(stream, None)
-        if pool is not None:
-            pool._unbind()
-        return pool
+        return take_implicit_pool(self, stream)
 
     def _check_stream(self, stream: Any) -> None:
         if not isinstance(stream, srt.Stream):
             raise TypeError(f"stream must be a streamrt.Stream, not {type(stream).__name__}")
         if stream.runtime is not self._runtime:
             raise ValueError("stream belongs to another runtime")
-
-    def _route(self, stream: srt.Stream) -> CapturePool | None:
-        """The capture pool serving allocations on ``stream`` now, or ``None`` for the cache."""
-        self._check_stream(stream)
-        if self._bindings:
-            pool = self._bindings.get(stream)
-            if pool is not None:
-                if not pool.is_implicit:
-                    return pool
-                if not stream.is_closed and self._backend.stream_is_capturing(stream.handle):
-                    return pool
-                pool._unbind()  # its capture ended; it waits in _implicit for take_capture_pool
-        if self._detect_capture and not stream.is_closed and self._backend.stream_is_capturing(stream.handle):
-            return self._implicit_pool(stream)
-        return None
-
-    def _implicit_pool(self, stream: srt.Stream) -> CapturePool:
-        """Bind a new pool to ``stream``, found capturing with no pool bound to it."""
-        with self._lock:
-            if self._closed:
-                raise srt.ClosedError(f"{type(self).__name__} is closed")
-            pool = self._bindings.get(stream)
-            if pool is not None:  # another thread bound one meanwhile
-                return pool
-            # An unclaimed pool of an earlier capture on this stream stays open (its graph
-            # may still be replayed) until close(); take_capture_pool returns the latest.
-            pool = CapturePool(self, stream, implicit=True)
-            self._implicit[stream] = pool
-            pool._bind_locked()
-        return pool
 
     # -- maintenance -------------------------------------------------------------------------------
     def statistics(self) -> CachingAllocatorStatistics:
@@ -727,16 +478,19 @@ class CachingAllocator:
         evicted: list[tuple[int, int]] = []
         with self._lock:
             if not self._closed:
+                if self._lists.own and not _captures.captures_underway():
+                    self._fence_own_locked(closed_only=True)
                 self._poll_all_locked()
-                evicted = self._evict_locked()
+                evicted = _drain.evict_locked(self)
+            own = self._lists.own_bytes()
             # Read every counter in one run with no call in between (see the module docstring).
             fp = self._fp
-            held, in_use, requested, in_flight, freeing, pool, reserving, peak, hits, misses = (
-                self._held, fp.in_use, fp.requested, self._in_flight, self._freeing,
-                self._pool_bytes, self._reserving, fp.peak, fp.hits, self._misses,
+            held, in_use, requested, in_flight, freeing, pool, reserving, peak, hits, stream_hits, misses = (
+                self._held, fp.in_use, fp.requested, self._lists.in_flight, self._freeing,
+                self._pool_bytes, self._reserving, fp.peak, fp.hits, fp.stream_hits, self._misses,
             )  # fmt: skip
-            frees, flushes, evictions = self._frees, self._flushes, self._evictions
-        self._submit_frees(evicted, wait=False)
+            frees, flushes, evictions, fences = self._frees, self._flushes, self._evictions, self._fences
+        _drain.submit_frees(self, evicted, wait=False)
         return CachingAllocatorStatistics(
             in_use_bytes=in_use,
             cached_bytes=held - in_use - in_flight - freeing - pool - reserving,
@@ -751,6 +505,9 @@ class CachingAllocator:
             capture_pool_bytes=pool,
             flushes=flushes,
             evictions=evictions,
+            stream_cached_bytes=own,
+            stream_hits=stream_hits,
+            fences=fences,
             max_cached_bytes=self._max_cached,
             max_total_bytes=self._max_total,
         )
@@ -758,7 +515,7 @@ class CachingAllocator:
     def _cached_in_lists(self) -> int:
         """Bytes in the free lists, counted one by one (tests compare it with ``cached_bytes``)."""
         with self._lock:
-            return sum(cls * len(free) for cls, free in self._ready.items())
+            return self._lists.shared_bytes() + self._lists.own_bytes()
 
     def reset_peak(self) -> None:
         """Restart ``peak_in_use_bytes`` from the current ``in_use_bytes``."""
@@ -768,18 +525,15 @@ class CachingAllocator:
     def trim(self, *, wait: bool = True) -> None:
         """Give every cached block back to the source.
 
-        In-flight blocks whose streams have passed are freed too; the others
-        stay in flight (nothing waits for them). Capture pools are left alone.
-        The frees run on the releaser thread; ``wait`` (default) blocks until
-        they have run. Note that the drivers' free (``cudaFree``,
-        ``hipHostFree``, the simulator's) itself waits for the device to be idle.
+        Blocks of a stream's own list are freed once that stream has passed
+        (one event each). In-flight blocks whose streams have passed are freed
+        too; the others stay in flight (nothing waits for them). Capture pools
+        are left alone. The frees run on the releaser thread; ``wait``
+        (default) blocks until they have run. Note that the drivers' free
+        (``cudaFree``, ``hipHostFree``, the simulator's) itself waits for the
+        device to be idle.
         """
-        with self._lock:
-            if self._closed:
-                return
-            self._poll_all_locked()
-            blocks = self._take_ready_locked()
-        self._submit_frees(blocks, wait=wait)
+        _drain.trim(self, wait=wait)
 
     def close(self) -> None:
         """Wait for in-flight work, free every cached block, close the capture pools. Idempotent.
@@ -788,30 +542,12 @@ class CachingAllocator:
         streams pass). ``allocate`` then raises ``ClosedError``. Blocks that a
         stream still capturing may use are not freed.
         """
-        with self._lock:
-            if self._closed:
-                return
-            pools = list(self._pools)
-        for pool in pools:
-            pool.close()
-        with self._lock:
-            self._closed = True
-            self._fp.post_release = True
-            self._fast.clear()
-            self._implicit.clear()
-            self._bindings.clear()
-        self._flush(count=False)
-        self._events.close()
-        if self._debug is not None:
-            self._debug.close()
-        self._maybe_close_source()
+        _drain.close(self)
 
-    def _maybe_close_source(self) -> None:
-        with self._lock:
-            if not self._closed or self._source_closed or self._fp.in_use or self._freeing or self._pool_bytes:
-                return
-            self._source_closed = True
-        self._source.close()
+    def _poll_all_locked(self) -> None:
+        """Move every pending block whose fence has passed to the cache (not during a capture)."""
+        if not _captures.captures_underway():
+            self._lists.poll_all(self._runtime, self._events)
 
     def __repr__(self) -> str:
         state = " closed" if self._closed else ""
@@ -822,7 +558,8 @@ class CachingPinnedAllocator(CachingAllocator):
     """Caching allocator of page-locked host memory (``kind == "host"``).
 
     A reused block is handed out only after every stream that used it has
-    passed its release, so the host may write into it at once. See
+    passed its release, so the host may write into it at once (so there are
+    no per-stream lists: host writes are in no stream's order). See
     :class:`CachingAllocator` for the arguments.
     """
 
@@ -832,8 +569,15 @@ class CachingPinnedAllocator(CachingAllocator):
 
 
 class CachingDeviceAllocator(CachingAllocator):
-    """Caching allocator of device memory (``kind == "device"``). See :class:`CachingAllocator`."""
+    """Caching allocator of device memory (``kind == "device"``), with per-stream free lists.
+
+    A block released after work on the stream it was allocated for alone
+    (``allocate(n, stream=s)``) goes to ``s``'s own list and is handed out
+    again for ``allocate(n, stream=s)`` at once, with no event. See
+    :class:`CachingAllocator` for the arguments.
+    """
 
     __slots__ = ()
 
     kind = "device"
+    per_stream = True

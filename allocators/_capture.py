@@ -43,21 +43,14 @@ import streamrt as srt
 
 from . import _captures
 from ._fence import Fence
-from ._streamrt_api import new_buffer, note_stream, release_fields
+from ._free_lists import pop
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Set
 
     from ._caching import CachingAllocator
 
 __all__ = ["CapturePool"]
-
-
-def _pop(free: list[int]) -> int:
-    try:
-        return free.pop()
-    except IndexError:
-        return 0
 
 
 class CapturePool:
@@ -83,7 +76,7 @@ class CapturePool:
         self._bound = False
         self._closed = False
         self._close_streams: tuple[srt.Stream, ...] = ()
-        self._release_cb = self._release
+        self._deallocate_cb = self._deallocate
         allocator._pools.add(self)
 
     # -- properties -------------------------------------------------------------------------
@@ -151,8 +144,8 @@ class CapturePool:
     def _from_cache_locked(self, cls: int) -> int:
         """A free block of the allocator's cache, now the pool's; 0 if none. No event is queried."""
         alloc = self._alloc
-        free = alloc._ready.get(cls)
-        ptr = _pop(free) if free else 0
+        free = alloc._lists.ready.get(cls)
+        ptr = pop(free) if free else 0
         if ptr:
             alloc._pool_bytes += cls
             self._nbytes += cls
@@ -192,16 +185,13 @@ class CapturePool:
                 alloc._pool_bytes += cls
                 self._nbytes += cls
                 self._out[ptr] = cls
-        buf = new_buffer(ptr, nbytes, alloc.kind, alloc._runtime, None, self._release_cb)
-        if stream is not None:
-            note_stream(buf, stream)
+        buf = srt.Buffer(ptr, nbytes, alloc.kind, alloc._runtime, deallocate=self._deallocate_cb, stream=stream)
         if alloc._debug is not None:
             alloc._debug.handed_out(ptr, cls)
         return buf
 
-    def _release(self, buf: srt.Buffer) -> None:
-        """``Buffer.release`` hook: kept for the graph while open; after close, back to the cache."""
-        ptr, _nbytes, streams = release_fields(buf)
+    def _deallocate(self, ptr: int, _nbytes: int, streams: Set[srt.Stream]) -> None:
+        """The buffers' stream-ordered release: kept for the graph while open; after close, back to the cache."""
         alloc = self._alloc
         if alloc._debug is not None:
             alloc._debug.released(ptr)
@@ -213,7 +203,7 @@ class CapturePool:
             self._nbytes -= cls
             after = self._close_streams
         runtime = alloc._runtime
-        used = set(streams or ()) | set(after)
+        used = set(streams) | set(after)
         if runtime.is_closed:
             fence = Fence()
         elif used:

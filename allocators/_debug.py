@@ -10,6 +10,9 @@ What it does, per released block:
   instead of plausible data. A block released while a stream that used it is
   capturing, or after that stream was closed, is not poisoned (no point in
   stream order to do it from).
+  A device block that goes back to its stream's own list (only the stream it
+  was allocated for used it) is poisoned by a memset on that stream itself,
+  in stream order, unless the stream is capturing.
 * **Reuse check.** Every block handed out is checked not to be handed out
   already (an allocator bug), and on the simulator (``capabilities.is_simulated``)
   the simulator's hazard checker is asked whether the host may write it now
@@ -17,7 +20,8 @@ What it does, per released block:
   host fill of a pinned block: work still using the block that the allocator
   was not told about (raw pointers passed to the backend) is reported as a
   ``host_access`` hazard (recorded in ``backend.hazards()``, or raised with
-  ``open_runtime("sim", check_hazards="raise")``).
+  ``open_runtime("sim", check_hazards="raise")``). Not for a block from a
+  stream's own list: its stream may still be running the poison memset.
 * **Late device access.** On the simulator, device work that touches a block
   after its release without the allocator knowing (a raw pointer kept past
   ``release()``) races with the poison memset on the private stream, and the
@@ -68,14 +72,15 @@ class DebugChecks:
                 self._stream = self._backend.stream_create(0)
             return self._stream
 
-    def handed_out(self, ptr: int, nbytes: int) -> None:
-        """Called for every block handed out (``nbytes``: the block size)."""
+    def handed_out(self, ptr: int, nbytes: int, *, check_host: bool = True) -> None:
+        """Called for every block handed out (``nbytes``: the block size; ``check_host``: ask the
+        hazard checker, not for a block from a stream's own list)."""
         with self._lock:
             if ptr in self._out:
                 raise RuntimeError(f"allocator bug: block {ptr:#x} handed out while already in use")
             self._out.add(ptr)
         check = self._check_host_access
-        if check is not None:
+        if check is not None and check_host:
             check(ptr, nbytes, True)
 
     def released(self, ptr: int) -> None:
@@ -83,12 +88,21 @@ class DebugChecks:
         with self._lock:
             self._out.discard(ptr)
 
-    def poison(self, ptr: int, nbytes: int, streams: Set[srt.Stream]) -> Fence:
-        """Record the release fence of a block and poison the block behind it; returns the fence."""
+    def poison(self, ptr: int, nbytes: int, streams: Set[srt.Stream], own: srt.Stream | None = None) -> Fence:
+        """Record the release fence of a block and poison the block behind it; returns the fence.
+
+        ``own``: the block goes back to that stream's own list: poisoned on it, in stream order,
+        and the fence is empty.
+        """
         with self._lock:
             self._out.discard(ptr)
         alloc = self._alloc
         runtime, events, backend = self._runtime, alloc._events, self._backend
+        if own is not None:
+            handle = own.handle
+            if not (alloc._check_capture and backend.stream_is_capturing(handle)):
+                backend.memset_async(ptr, POISON, nbytes, handle)
+            return Fence()
         fence = Fence.record(runtime, events, streams, check_capture=alloc._check_capture)
         if fence.is_capture_deferred or fence.waits_for_device:
             return fence  # no point in stream order to poison from

@@ -5,9 +5,9 @@ The public API is this flat namespace; the modules behind it are private.
 
 from __future__ import annotations
 
-from ._allocator import Allocator, AllocatorStatistics, RawAllocator
+from ._allocator import Allocator, AllocatorStatistics, RawAllocator, release_after_streams
 from ._backends.protocol import Capabilities, CaptureMode, MemcpyKind
-from ._buffer import Buffer
+from ._buffer import Buffer, Deallocate
 from ._completion import Completion
 from ._errors import (
     BackendError,
@@ -46,6 +46,7 @@ __all__ = [
     "CaptureMode",
     "ClosedError",
     "Completion",
+    "Deallocate",
     "Edge",
     "Event",
     "Graph",
@@ -72,5 +73,6 @@ __all__ = [
     "load_kernel",
     "open_runtime",
     "register_kernel_spec",
+    "release_after_streams",
     "trace_label",
 ]

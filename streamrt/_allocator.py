@@ -1,7 +1,14 @@
-"""The allocator protocol, and the raw (non-caching) allocator over the backend's malloc.
+"""The allocator protocol, the allocator seam's release helper, and the raw (non-caching) allocator.
 
-The caching allocators live in the separate ``allocators`` package, which
-implements this protocol through streamrt's public API only.
+The allocator seam (``docs/allocators.md``) is how any allocator, streamrt's
+own or the separate ``allocators`` package, talks to the core:
+
+* construction: ``Buffer(ptr, nbytes, kind, runtime, deallocate=fn, stream=s)``,
+  or, for a hot path that builds buffers without ``__init__``,
+  ``Buffer.allocation_type`` and ``Buffer.ALLOCATION_FIELDS``;
+* the stream-ordered release: ``buffer.release()`` calls
+  ``deallocate(ptr, nbytes, streams)`` once, with the streams that used it;
+  :func:`release_after_streams` runs a callback once they have all passed.
 """
 
 from __future__ import annotations
@@ -53,10 +60,11 @@ class Allocator(Protocol):
 
 
 def release_after_streams(runtime: Runtime, streams: AbstractSet[Stream], then: Callable[[], None]) -> None:
-    """Call ``then`` once every stream in ``streams`` has passed its current tail.
+    """Call ``then`` once every stream in ``streams`` has passed its current tail (the allocator seam's helper).
 
-    Non-blocking: events are recorded now; ``then`` runs on a completion lane
-    (keep it short; hand real frees to ``runtime.releaser``). Closed streams
+    Non-blocking: the streams' tails are marked now; ``then`` runs on a
+    completion lane (keep it short; hand real frees to ``runtime.releaser``),
+    or at once on the calling thread when ``streams`` is empty. Closed streams
     cannot be recorded on, so a set containing one waits for the whole device
     on the releaser thread instead.
     """
@@ -147,22 +155,18 @@ class RawAllocator:
             raise ClosedError("allocator is closed")
         nbytes = check_size(nbytes, "nbytes")
         ptr = self._malloc(max(nbytes, 1))
-        buf = Buffer(ptr, nbytes, self.kind, self._runtime, on_release=self._release)
-        if stream is not None:
-            buf.note_stream(stream)
+        buf = Buffer(ptr, nbytes, self.kind, self._runtime, deallocate=self._deallocate, stream=stream)
         with self._lock:
             self._in_use += nbytes
             self._allocations += 1
             self._peak = max(self._peak, self._in_use)
         return buf
 
-    def _release(self, buf: Buffer) -> None:
-        n = buf.nbytes
+    def _deallocate(self, ptr: int, n: int, streams: AbstractSet[Stream]) -> None:
+        """The buffers' stream-ordered release: freed on the releaser thread once ``streams`` have passed."""
         with self._lock:
             self._in_use -= n
             self._in_flight += n
-        ptr = buf.ptr
-        streams = buf.streams
         runtime = self._runtime
         release_after_streams(runtime, streams, lambda: runtime.releaser.submit(self._free_now, ptr, n))
 

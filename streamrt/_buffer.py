@@ -13,7 +13,7 @@ once, by its owner.
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING, AbstractSet, Any, Callable, Final
+from typing import TYPE_CHECKING, AbstractSet, Any, Callable, Final, TypeVar
 
 import numpy as np
 
@@ -25,9 +25,12 @@ if TYPE_CHECKING:
     from ._runtime import Runtime
     from ._stream import Stream
 
-__all__ = ["Buffer", "BufferKind", "DEVICE", "HOST", "PAGEABLE"]
+__all__ = ["Buffer", "BufferKind", "DEVICE", "Deallocate", "HOST", "PAGEABLE"]
 
 BufferKind = str
+#: An allocator's stream-ordered release: ``deallocate(ptr, nbytes, streams)`` (see :class:`Buffer`).
+Deallocate = Callable[[int, int, AbstractSet["Stream"]], None]
+_B = TypeVar("_B", bound="Buffer")
 DEVICE: Final = "device"
 HOST: Final = "host"  # page-locked (pinned) host memory
 PAGEABLE: Final = "pageable"  # ordinary host memory; not allowed in async copies
@@ -53,11 +56,27 @@ class Buffer:
     its memory waits until all work that used it on any stream has completed.
     Using a buffer after ``release`` raises ``ValueError``.
 
-    Allocator writers construct Buffers directly:
-    ``Buffer(ptr, nbytes, kind, runtime, owner, on_release)``; ``on_release(buffer)``
-    is called once, by :meth:`release`, and reads :attr:`streams` to know
-    which streams must pass before the memory may be reused.
+    Allocators construct Buffers directly (the allocator seam, ``docs/allocators.md``)::
+
+        Buffer(ptr, nbytes, kind, runtime, deallocate=fn, stream=s)
+
+    ``deallocate(ptr, nbytes, streams)`` is the stream-ordered release: called
+    once, by :meth:`release`, with the streams that used the buffer (empty if
+    none). The memory may be handed out again for work on any stream once
+    every stream in ``streams`` has passed that point, or at once for work
+    on the one stream in ``streams``, which runs after it in stream order.
+    ``stream``: the stream the buffer is allocated for, noted at once (see
+    :meth:`note_stream`). An allocator whose hot path builds buffers without
+    ``__init__`` uses :meth:`allocation_type` and :attr:`ALLOCATION_FIELDS`.
     """
+
+    #: The allocator seam's fast construction: the per-buffer fields an allocator's hot path sets
+    #: on a new instance of an :meth:`allocation_type` class made without ``__init__`` (with
+    #: ``object.__new__``, or ``tp_alloc`` in C, where they are the type's ``__slots__`` member
+    #: descriptors), and reads back at release: ``_ptr`` (int), ``_nbytes`` (int), ``_released``
+    #: (bool: ``False`` until released), ``_streams`` (``None``, or a set of the Streams that used
+    #: the buffer, one set per buffer: streamrt adds to it). Stable names and meanings.
+    ALLOCATION_FIELDS: Final = ("_ptr", "_nbytes", "_released", "_streams")
 
     __slots__ = (
         "_ptr",
@@ -67,7 +86,7 @@ class Buffer:
         "_base",
         "_offset",
         "_owner",
-        "_on_release",
+        "_deallocate",
         "_released",
         "_streams",
         "_readonly",
@@ -81,7 +100,9 @@ class Buffer:
         kind: BufferKind,
         runtime: Runtime | None,
         owner: Any = None,
-        on_release: Callable[[Buffer], None] | None = None,
+        *,
+        deallocate: Deallocate | None = None,
+        stream: Stream | None = None,
         readonly: bool = False,
     ) -> None:
         self._ptr = ptr
@@ -91,10 +112,37 @@ class Buffer:
         self._base: Buffer | None = None
         self._offset = 0
         self._owner = owner
-        self._on_release = on_release
+        self._deallocate = deallocate
         self._released = False
-        self._streams: set[Stream] | None = None
+        self._streams: set[Stream] | None = None if stream is None else {stream}
         self._readonly = readonly
+
+    @classmethod
+    def allocation_type(cls: type[_B], kind: BufferKind, runtime: Runtime, **attributes: Any) -> type[_B]:
+        """A subclass of ``cls`` whose buffers share ``kind`` and ``runtime``, for an allocator's hot path.
+
+        Its buffers are never views, own nothing, are writable and have no
+        ``deallocate`` hook: those fields are class attributes, so an instance
+        made without ``__init__`` is a whole Buffer once its
+        :attr:`ALLOCATION_FIELDS` are set. Its :meth:`release` only marks the
+        buffer released, so such a class overrides it to hand the block back
+        itself, keeping its contract (a second release raises ``ValueError``;
+        ``_released`` is set first). ``attributes`` become class attributes
+        too; ``cls`` may add slots of its own.
+        """
+        shared: dict[str, Any] = {
+            "__slots__": (),
+            "__module__": cls.__module__,
+            "_kind": kind,
+            "_runtime": runtime,
+            "_base": None,
+            "_offset": 0,
+            "_owner": None,
+            "_deallocate": None,
+            "_readonly": False,
+        }
+        shared.update(attributes)
+        return type(cls.__name__, (cls,), shared)
 
     # -- properties ---------------------------------------------------------------
     @property
@@ -198,18 +246,23 @@ class Buffer:
     def release(self) -> None:
         """Give the memory back to its allocator (foreign buffers: drop the reference).
 
-        Non-blocking. Reuse waits until every stream that used the buffer has
-        passed this point. Releasing twice, or releasing a view, raises ``ValueError``.
+        Non-blocking. Hands ``(ptr, nbytes, streams)`` to the allocator's
+        ``deallocate`` once (the stream-ordered release, see :class:`Buffer`):
+        the memory is not reused before every stream that used the buffer
+        has passed this point, except by later work on the one stream that
+        used it. Releasing twice, or releasing a view, raises ``ValueError``.
         """
         if self._base is not None:
             raise ValueError("release the base buffer, not a view of it (buffer.base.release())")
         if self._released:
             raise ValueError("buffer released twice")
         self._released = True
-        on_release, self._on_release = self._on_release, None
-        if on_release is not None:
-            on_release(self)
-        self._owner = None
+        deallocate = self._deallocate
+        if deallocate is not None:
+            self._deallocate = None
+            deallocate(self._ptr, self._nbytes, self._streams or _NO_STREAMS)
+        if self._owner is not None:
+            self._owner = None
 
     def check_usable(self) -> None:
         """Raise ``ValueError`` if the buffer (or the buffer it views) was released."""

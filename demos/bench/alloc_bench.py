@@ -7,10 +7,17 @@ Measures, interleaving the contenders round by round and taking medians:
   ``cupy.cuda.alloc_pinned_memory(n)`` + del;
 * cached device round trip: streamrt ``rt.device_allocator`` (with and
   without ``stream=``) vs ``torch.empty(n, dtype=uint8, device="cuda")`` + del
-  (and CuPy ``cupy.cuda.alloc(n)`` + del);
-* ``streamrt, python hot path``: the same round trip on an allocator over the
-  Python twin of the hot path (``allocators._fastpath.PyFastPath``: what runs
-  where the C module is not built);
+  (and CuPy ``cupy.cuda.alloc(n)`` + del), both of which allocate on their
+  current stream. With ``stream=s`` streamrt reuses the block from ``s``'s own
+  free list with no event (per-stream free lists); the run checks that no
+  fence was recorded during those rounds (``stream_fences``). Also timed:
+  ``streamrt stream=, no capture check`` (an allocator with
+  ``detect_capture=False``: the same path without the one
+  ``stream_is_capturing`` call per allocation);
+* ``streamrt, python hot path`` (pinned) and ``streamrt stream=, python hot
+  path`` (device): the same round trips on allocators over the Python twin of
+  the hot path (``allocators._fastpath.PyFastPath``: what runs where the C
+  module is not built);
 * a reference row, ``python floor``: the least Python an allocator that hands
   out an object can run per round trip (a method that pops a cached pointer
   into a new ``__slots__`` object, and that object's ``release`` method that
@@ -21,9 +28,11 @@ Measures, interleaving the contenders round by round and taking medians:
   torch ``torch.cuda.host_memory_stats()`` / ``memory_reserved()``; CuPy a
   counting allocator under a fresh pinned pool / the memory pool's ``total_bytes()``.
 
-Goals (issue 4): pinned round trip <= 0.5x torch and <= 0.6x CuPy; device
-round trip <= torch; held/requested <= 1.25. Peers that are not installed (or
-have no GPU, as on the simulator) are skipped. Run:
+Goals (issues 4 and 21): pinned round trip <= 0.5x torch and <= 0.6x CuPy;
+device round trip <= torch, with and without ``stream=``; held/requested <=
+1.25. The first line of the report says which hot path ran (C or its Python
+twin). Peers that are not installed (or have no GPU, as on the simulator) are
+skipped. Run:
 
     python demos/bench/alloc_bench.py --backend cuda --out allocators_cuda.json
     python demos/bench/alloc_bench.py --backend sim --out allocators_sim.json
@@ -46,7 +55,13 @@ import streamrt as srt
 from allocators import _fastpath
 
 MiB = 1 << 20
-GOALS = {"pinned_vs_torch": 0.5, "pinned_vs_cupy": 0.6, "device_vs_torch": 1.0, "held_over_requested": 1.25}
+GOALS = {
+    "pinned_vs_torch": 0.5,
+    "pinned_vs_cupy": 0.6,
+    "device_vs_torch": 1.0,
+    "device_stream_vs_torch": 1.0,
+    "held_over_requested": 1.25,
+}
 
 
 def _round_ns(fn: Callable[[], Any], loops: int) -> float:
@@ -141,8 +156,10 @@ def round_trips(rt: srt.Runtime, nbytes: int, loops: int, rounds: int) -> dict[s
     halloc, dalloc = host.allocate, dev.allocate
 
     floor = _FloorPool([0x1000, 0x2000]).allocate
-    twin = _python_hot_path_allocator(rt)
-    talloc = twin.allocate
+    twin = _python_hot_path_allocator(rt, allocators.CachingPinnedAllocator)
+    dtwin = _python_hot_path_allocator(rt, allocators.CachingDeviceAllocator)
+    unchecked = allocators.CachingDeviceAllocator(rt, detect_capture=False)
+    talloc, dtalloc, ualloc = twin.allocate, dtwin.allocate, unchecked.allocate
     pinned: dict[str, Callable[[], Any]] = {
         "streamrt": lambda: halloc(nbytes).release(),
         "streamrt, python hot path": lambda: talloc(nbytes).release(),
@@ -151,6 +168,8 @@ def round_trips(rt: srt.Runtime, nbytes: int, loops: int, rounds: int) -> dict[s
     device: dict[str, Callable[[], Any]] = {
         "streamrt": lambda: dalloc(nbytes).release(),
         "streamrt stream=": lambda: dalloc(nbytes, stream=stream).release(),
+        "streamrt stream=, no capture check": lambda: ualloc(nbytes, stream=stream).release(),
+        "streamrt stream=, python hot path": lambda: dtalloc(nbytes, stream=stream).release(),
     }
     if torch is not None:
         u8 = torch.uint8
@@ -167,24 +186,34 @@ def round_trips(rt: srt.Runtime, nbytes: int, loops: int, rounds: int) -> dict[s
         if torch is not None:
             torch.cuda.synchronize(rt.device)
 
-    out = {"pinned_ns": _interleaved(pinned, loops, rounds, settle)}
+    out: dict[str, Any] = {"pinned_ns": _interleaved(pinned, loops, rounds, settle)}
+    stream_allocators = [a for a in (dev, unchecked, dtwin) if isinstance(a, allocators.CachingAllocator)]
+    for _ in range(2):  # settle which list each contender's block lives in (the second pass fences nothing)
+        for fn in device.values():
+            for _ in range(100):
+                fn()
+        settle()
+    before = [a.statistics().fences for a in stream_allocators]
     if cupy is not None:
         with cupy.cuda.Device(rt.device):
             out["device_ns"] = _interleaved(device, loops, rounds, settle)
     else:
         out["device_ns"] = _interleaved(device, loops, rounds, settle)
+    # Same-stream reuse records no event: fences recorded during the timed device rounds (expect 0).
+    out["stream_fences"] = sum(a.statistics().fences - b for a, b in zip(stream_allocators, before))
     rt.synchronize()
     stream.close()
-    twin.close()
+    for a in (twin, dtwin, unchecked):
+        a.close()
     return out
 
 
-def _python_hot_path_allocator(rt: srt.Runtime) -> allocators.CachingAllocator:
-    """A pinned caching allocator over the Python twin of the hot path (what runs where the C module is not built)."""
+def _python_hot_path_allocator(rt: srt.Runtime, cls: type[allocators.CachingAllocator]) -> allocators.CachingAllocator:
+    """A caching allocator over the Python twin of the hot path (what runs where the C module is not built)."""
     native = allocators._caching.FastPath
     allocators._caching.FastPath = _fastpath.PyFastPath
     try:
-        return allocators.CachingPinnedAllocator(rt)
+        return cls(rt)
     finally:
         allocators._caching.FastPath = native
 
@@ -302,6 +331,9 @@ def _verdicts(trips: dict[str, dict[str, float]], held: dict[str, Any]) -> dict[
     if "torch" in d:
         r["device_vs_torch"] = d["streamrt"] / d["torch"]
         r["device_stream_vs_torch"] = d["streamrt stream="] / d["torch"]
+        r["device_stream_unchecked_vs_torch"] = d["streamrt stream=, no capture check"] / d["torch"]
+    if "cupy" in d:
+        r["device_stream_vs_cupy"] = d["streamrt stream="] / d["cupy"]
     r["held_over_requested"] = max(held["pinned"]["streamrt"]["ratio"], held["device"]["streamrt"]["ratio"])
     r["met"] = {k: r[k] <= goal for k, goal in GOALS.items() if k in r}
     return r
@@ -334,10 +366,11 @@ def main(argv: list[str] | None = None) -> int:
         }
     print(f"allocator benchmark on {result['backend']} ({result['device']}), {args.size}-byte round trips, "
           f"median of {args.rounds} rounds x {args.loops}; hot path: {result['hot_path']}")
-    print(f"{'round trip':<36}{'ns':>10}")
+    print(f"{'round trip':<44}{'ns':>10}")
     for group in ("pinned_ns", "device_ns"):
         for name, ns in trips[group].items():
-            print(f"  {group[:-3] + ' ' + name:<34}{ns:>10.0f}")
+            print(f"  {group[:-3] + ' ' + name:<42}{ns:>10.0f}")
+    print(f"  fences recorded by the device rounds: {trips['stream_fences']} (same-stream reuse needs none)")
     print(f"{'held / requested (60 x 1-48 MiB)':<36}{'pinned':>8}{'device':>8}")
     names = sorted({n for k in ("pinned", "device") for n in held[k]})
     for name in names:
@@ -354,6 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     for key in ("python_floor_vs_torch", "python_floor_vs_cupy"):
         if key in result["ratios"]:
             print(f"  {key:<26}{result['ratios'][key]:>8.3f}  (reference: the floor of any Python allocator)")
+    for key, what in (("device_stream_unchecked_vs_torch", "without the capture check"), ("device_stream_vs_cupy", "against CuPy")):
+        if key in result["ratios"]:
+            print(f"  {key:<26}{result['ratios'][key]:>8.3f}  (reference: the stream= round trip {what})")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)

@@ -16,10 +16,10 @@ from streamrt._backends.protocol import MemcpyKind
 N = 16 << 10
 
 
-def _reuse(a: allocators.CachingAllocator, rt: srt.Runtime, ptr: int, n: int = N) -> srt.Buffer:
+def _reuse(a: allocators.CachingAllocator, rt: srt.Runtime, ptr: int, n: int = N, stream: srt.Stream | None = None) -> srt.Buffer:
     """Allocate until the block at ``ptr`` comes back (its poison memset may still be running)."""
     rt.synchronize()
-    b = a.allocate(n)
+    b = a.allocate(n, stream=stream)
     assert b.ptr == ptr
     return b
 
@@ -37,16 +37,33 @@ def test_a_pinned_block_is_poisoned_on_release(rt: srt.Runtime, make_allocator) 
 
 
 def test_blocks_used_on_streams_are_poisoned_once_the_streams_pass(rt: srt.Runtime, make_allocator) -> None:
-    s = rt.create_stream()
+    s, other = rt.create_stream(), rt.create_stream()
     for kind in ("host", "device"):
         a = make_allocator(kind, debug=True)
-        b = a.allocate(N, stream=s)
+        b = a.allocate(N)
         s.memset(b, 0x22)
+        other.memset(b, 0x33)
         ptr = b.ptr
         b.release()
         again = _reuse(a, rt, ptr)
         assert (read_back(rt, s, again) == 0xDB).all(), kind
         again.release()
+
+
+def test_a_block_back_in_its_streams_own_list_is_poisoned_on_that_stream(rt: srt.Runtime, make_allocator) -> None:
+    """Same-stream reuse needs no fence, in debug mode too: the poison memset runs on the stream, in order."""
+    a = make_allocator("device", debug=True)
+    s = rt.create_stream()
+    b = a.allocate(N, stream=s)
+    s.memset(b, 0x22)
+    ptr = b.ptr
+    b.release()
+    again = a.allocate(N, stream=s)  # at once: the poison runs before anything s does next
+    assert again.ptr == ptr
+    assert (read_back(rt, s, again) == 0xDB).all()
+    st = a.statistics()
+    assert (st.stream_hits, st.fences) == (1, 0)
+    again.release()
 
 
 def test_a_block_no_stream_used_is_poisoned_on_the_device_too(rt: srt.Runtime, make_allocator) -> None:

@@ -98,9 +98,9 @@ def test_round_trips_leak_no_references(rt: srt.Runtime, make_allocator) -> None
 
     a = make_allocator("host")
     a.allocate(N).release()
-    cls, free = a._fast[N]
+    cls, free, _home = a._lists.fast[N]
     ptr = free[-1]
-    counts = (sys.getrefcount(ptr), sys.getrefcount(free), sys.getrefcount(a._fast[N]))
+    counts = (sys.getrefcount(ptr), sys.getrefcount(free), sys.getrefcount(a._lists.fast[N]))
     for _ in range(5000):
         a.allocate(N).release()
     buf = a.allocate(N)
@@ -110,7 +110,7 @@ def test_round_trips_leak_no_references(rt: srt.Runtime, make_allocator) -> None
     gc.collect()
     assert gone() is None, "a released buffer is kept alive"
     assert free == [ptr] and free[-1] is ptr
-    assert (sys.getrefcount(ptr), sys.getrefcount(free), sys.getrefcount(a._fast[N])) == counts
+    assert (sys.getrefcount(ptr), sys.getrefcount(free), sys.getrefcount(a._lists.fast[N])) == counts
     assert a.statistics().hits == 5001
 
 
@@ -121,5 +121,6 @@ def test_an_uninitialized_c_hot_path_raises_instead_of_crashing(fastpath: str) -
     assert bare.take(N) is None
     with pytest.raises(TypeError, match="__init__ was not called"):
         bare.give(object())
+    assert bare.take_on(N, object()) is None
     with pytest.raises(TypeError, match="__init__ was not called"):
-        bare.hand_out(0x1000, N, (N, []))
+        bare.hand_out(0x1000, N, (N, [], None), None)
