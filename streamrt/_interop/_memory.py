@@ -3,8 +3,8 @@
 Export (``Buffer.__dlpack__``, ``__dlpack_device__``, ``__cuda_array_interface__``):
 
 * Device buffers are ``kDLCUDA`` / ``kDLROCM`` memory of the runtime's device,
-  pinned host buffers ``kDLCUDAHost`` / ``kDLROCMHost``, pageable ones
-  ``kDLCPU``. On the simulator, whose device memory is host RAM, every buffer
+  host buffers (pinned or pageable) ``kDLCPU``, as torch and numpy accept
+  (``torch.from_dlpack`` refuses ``kDLCUDAHost``). On the simulator, whose device memory is host RAM, every buffer
   is ``kDLCPU``: ``np.from_dlpack(buf)`` and ``torch.from_dlpack(buf)`` run in CI.
 * ``__dlpack__(stream=s)``: the consumer's stream ``s`` waits, on the device,
   for the work streamrt has enqueued so far with the buffer: an event is
@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._buffer import DEVICE, HOST, Buffer
+from .._buffer import DEVICE, Buffer
 from .._errors import ClosedError
 from ._events import order_after_foreign_stream
 
@@ -65,9 +65,8 @@ __all__ = [
 ]
 
 # DLPack device types (dlpack.h).
-DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_ROCM, DL_ROCM_HOST = 1, 2, 3, 10, 11
+DL_CPU, DL_CUDA, DL_ROCM = 1, 2, 10
 _GPU_TYPES = (DL_CUDA, DL_ROCM)
-_HOST_OF = {DL_CUDA: DL_CUDA_HOST, DL_ROCM: DL_ROCM_HOST, DL_CPU: DL_CPU}
 _READ_ONLY = 1  # DLPACK_FLAG_BITMASK_READ_ONLY
 _VERSIONED = b"dltensor_versioned"
 _LEGACY = b"dltensor"
@@ -129,15 +128,13 @@ def _tensor_of(capsule: Any) -> tuple[DLTensor, bool]:
 def dlpack_device(buf: Buffer) -> tuple[int, int]:
     """``(device_type, device_id)`` of ``buf`` in DLPack's terms (see the module docstring)."""
     buf.check_usable()
-    rt = buf.runtime
-    gpu = DL_CPU if rt is None else rt.capabilities.dlpack_device_type
     if buf.kind == DEVICE:
+        rt = buf.runtime
         if rt is None:
             raise BufferError("a device Buffer without a runtime cannot say where it lives")
+        gpu = rt.capabilities.dlpack_device_type
         return (gpu, rt.device) if gpu in _GPU_TYPES else (DL_CPU, 0)
-    if buf.kind == HOST:
-        return (_HOST_OF.get(gpu, DL_CPU), 0)
-    return (DL_CPU, 0)
+    return (DL_CPU, 0)  # host memory, pinned or not
 
 
 def _consumer_handle(device_type: int, stream: Any) -> int | None:

@@ -103,10 +103,10 @@ def test_streamrt_reads_cupy_memory_by_its_cai_stream(cuda_rt: srt.Runtime, torc
     assert (h.numpy() == 4).all()
 
 
-def test_pinned_buffers_export_as_cuda_host_memory(cuda_rt: srt.Runtime, torch_cuda: Any) -> None:
+def test_pinned_buffers_export_as_cpu_memory_torch_accepts(cuda_rt: srt.Runtime, torch_cuda: Any) -> None:
     torch = torch_cuda
     h = cuda_rt.host_allocator.allocate(64)
-    assert h.__dlpack_device__() == (3, 0)  # kDLCUDAHost
+    assert h.__dlpack_device__() == (1, 0)  # kDLCPU: torch.from_dlpack refuses kDLCUDAHost
     h.numpy()[:] = 1
     t = torch.from_dlpack(h)
     assert t.device.type == "cpu" and t.tolist() == [1] * 64
