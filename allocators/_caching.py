@@ -48,7 +48,7 @@ from ._capture import CapturePool
 from ._capture_routing import open_pool, route, take_implicit_pool
 from ._debug import DebugChecks
 from ._fastpath import FIELDS, GIL_ENABLED, FastPath
-from ._fence import EventPool, Fence
+from ._fence import Fence
 from ._free_lists import FreeLists, pop
 from . import _drain
 from ._size_classes import SizeClasses
@@ -157,7 +157,7 @@ class CachingAllocator:
         self._lock = threading.Lock()
         fast_on = GIL_ENABLED and not debug  # the lock-free hot path needs the GIL
         self._lists = FreeLists(classes, memoize=fast_on)
-        self._events = EventPool(runtime)
+        self._events = runtime.event_pool  # the runtime's one pool (closed with the runtime)
         # Capture pools: every open pool, streams bound to one, implicit pools per stream.
         self._pools: set[CapturePool] = set()
         self._bindings: dict[srt.Stream, CapturePool] = {}

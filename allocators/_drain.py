@@ -226,7 +226,6 @@ def close(a: CachingAllocator) -> None:
         a._implicit.clear()
         a._bindings.clear()
     flush(a, count=False)
-    a._events.close()
     if a._debug is not None:
         a._debug.close()
     maybe_close_source(a)

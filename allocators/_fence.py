@@ -2,7 +2,7 @@
 
 A block released after work on streams used it gets a :class:`Fence`: one
 event recorded on each of those streams at the moment of release (from an
-:class:`EventPool` of the runtime's backend events). The fence is *queried
+the runtime's event pool, ``runtime.event_pool``). The fence is *queried
 lazily* -- by the allocator, when it looks for a block of that size class --
 and never waited on by a runtime thread, so releasing costs one
 ``event_record`` per stream and nothing else: no thread hop, no callback.
@@ -33,49 +33,7 @@ import streamrt as srt
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-__all__ = ["EventPool", "Fence"]
-
-
-class EventPool:
-    """Reusable backend events (non-timing, blocking-sync) for fences.
-
-    ``take``/``give`` are safe from any thread (``list.pop``/``append`` are
-    atomic). At most ``limit`` idle events are kept; :meth:`close` destroys them.
-    """
-
-    def __init__(self, runtime: srt.Runtime, limit: int = 256) -> None:
-        self._runtime = runtime
-        self._backend = runtime.backend
-        self._idle: list[int] = []
-        self._limit = limit
-        self.created = 0
-        self._closed = False
-
-    def take(self) -> int:
-        try:
-            return self._idle.pop()
-        except IndexError:
-            backend = self._backend
-            backend.ensure_device(self._runtime.device)
-            event = backend.event_create(timing=False, blocking_sync=True)
-            self.created += 1
-            return event
-
-    def give(self, event: int) -> None:
-        if not self._closed and len(self._idle) < self._limit:
-            self._idle.append(event)
-            return
-        self._destroy(event)
-
-    def _destroy(self, event: int) -> None:
-        if not self._runtime.is_closed:
-            self._backend.event_destroy(event)
-
-    def close(self) -> None:
-        """Destroy the idle events; events given back later are destroyed at once. Idempotent."""
-        self._closed = True
-        while self._idle:
-            self._destroy(self._idle.pop())
+__all__ = ["Fence"]
 
 
 def _device_sync(backend: Any, done: threading.Event) -> None:
@@ -100,7 +58,7 @@ class Fence:
         self._device_sync: threading.Event | None = None
 
     @classmethod
-    def record(cls, runtime: srt.Runtime, events: EventPool, streams: Iterable[srt.Stream], *, check_capture: bool = True) -> Fence:
+    def record(cls, runtime: srt.Runtime, events: srt.EventPool, streams: Iterable[srt.Stream], *, check_capture: bool = True) -> Fence:
         """Record the release point on every stream in ``streams`` (see the module docstring)."""
         fence = cls()
         backend = runtime.backend
@@ -159,7 +117,7 @@ class Fence:
         """Also wait for ``event`` (a pooled event, already recorded)."""
         self._events.append(event)
 
-    def _record_deferred(self, runtime: srt.Runtime, events: EventPool) -> None:
+    def _record_deferred(self, runtime: srt.Runtime, events: srt.EventPool) -> None:
         backend = runtime.backend
         still: list[srt.Stream] = []
         for stream in self._deferred:
@@ -178,7 +136,7 @@ class Fence:
                     self._events.append(event)
         self._deferred = still
 
-    def poll(self, runtime: srt.Runtime, events: EventPool) -> bool:
+    def poll(self, runtime: srt.Runtime, events: srt.EventPool) -> bool:
         """``True`` once every stream has passed; completed events go back to ``events``. Non-blocking.
 
         Must not be called while a graph capture may be underway (``event_query``
@@ -201,7 +159,7 @@ class Fence:
             events.give(event)
         return not self._deferred
 
-    def wait(self, runtime: srt.Runtime, events: EventPool) -> bool:
+    def wait(self, runtime: srt.Runtime, events: srt.EventPool) -> bool:
         """Block until every stream has passed; ``False`` if a stream is still capturing (cannot wait).
 
         Releases the GIL while blocked (the backend's ``event_synchronize``).
@@ -222,7 +180,7 @@ class Fence:
             events.give(event)
         return not self._deferred
 
-    def discard(self, events: EventPool) -> None:
+    def discard(self, events: srt.EventPool) -> None:
         """Give the events back without waiting (the runtime is closed or the work is known done)."""
         while self._events:
             events.give(self._events.pop())

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import streamrt as srt
 
-from ._fence import EventPool, Fence
+from ._fence import Fence
 
 if TYPE_CHECKING:
     from ._fastpath import Entry
@@ -107,7 +107,7 @@ class FreeLists:
         self.streams.clear()
 
     # -- hand-outs ---------------------------------------------------------------------------------
-    def reclaim(self, cls: int, runtime: srt.Runtime, events: EventPool) -> int:
+    def reclaim(self, cls: int, runtime: srt.Runtime, events: srt.EventPool) -> int:
         """A pending block of ``cls`` whose fence has passed, or 0. Queries at most a few fences.
 
         Not during a capture (the caller checks): ``event_query`` is illegal then.
@@ -133,7 +133,7 @@ class FreeLists:
         queue.append((ptr, fence))
         self.in_flight += cls
 
-    def poll_all(self, runtime: srt.Runtime, events: EventPool) -> None:
+    def poll_all(self, runtime: srt.Runtime, events: srt.EventPool) -> None:
         """Move every pending block whose fence has passed to its shared list (not during a capture)."""
         for cls, queue in self.pending.items():
             if not queue:

@@ -19,6 +19,7 @@ from ._errors import (
     StreamRTError,
 )
 from ._event import Event
+from ._event_pool import EventPool
 from ._pipeline import Graph
 from ._kernel import Kernel, KernelCache, KernelLibrary, KernelModule, KernelSpec, load_kernel, register_kernel_spec
 from ._pipeline import Edge, Pipeline
@@ -49,6 +50,7 @@ __all__ = [
     "Deallocate",
     "Edge",
     "Event",
+    "EventPool",
     "Graph",
     "Kernel",
     "KernelCache",

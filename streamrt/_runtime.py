@@ -22,6 +22,7 @@ from ._buffer import DEVICE, HOST, Buffer, wrap_foreign
 from ._completion import DEFAULT_AWAIT_POLL_US, CompletionEngine, refuse_blocking_wait
 from ._errors import ClosedError
 from ._event import Event
+from ._event_pool import EventPool
 from ._extensions import hook
 from ._interop import foreign_stream_handle
 from ._releaser import Releaser
@@ -113,30 +114,6 @@ def open_runtime(
     return rt
 
 
-class _EngineBackend:
-    """The backend as a runtime's completion engine sees it when the backend has several devices.
-
-    The engine creates its (pooled) events on whatever thread asks it for a
-    completion or a host call, and HIP/CUDA bind an event to the device current
-    at creation; it is then recorded on the runtime's streams. So here
-    ``event_create`` first makes the runtime's device current on the calling
-    thread; every other call goes straight to the backend.
-    """
-
-    def __init__(self, backend: Backend, device: int) -> None:
-        self._real = backend
-        self._device = device
-        for name in ("event_record", "event_query", "event_synchronize", "event_destroy", "launch_host_func"):
-            setattr(self, name, getattr(backend, name))
-
-    def event_create(self, *, timing: bool, blocking_sync: bool = True) -> int:
-        self._real.ensure_device(self._device)
-        return self._real.event_create(timing=timing, blocking_sync=blocking_sync)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-
 class Runtime:
     """One backend on one device. Create with :func:`open_runtime`.
 
@@ -186,17 +163,20 @@ class Runtime:
         self.releaser = Releaser()
         if self._multi_device:  # frees and device-wide syncs on the releaser thread act on this device
             self.releaser.submit(backend.ensure_device, device)
-        engine_backend: Any = _EngineBackend(backend, device) if self._multi_device else backend
+        # one pool for every bookkeeping event; with several devices it makes them on this one
+        self._event_pool = EventPool(backend, device, multi_device=self._multi_device)
         try:
             self._engine = CompletionEngine(
-                engine_backend,
+                backend,
                 device,
+                events=self._event_pool,
                 python_host_switch_interval=python_host_switch_interval,
                 stream_signals=stream_signals,
                 await_poll_us=await_poll_us,
             )
         except BaseException:  # a bad option: nothing else was started
             self.releaser.close()
+            self._event_pool.close()
             raise
         try:
             self._host_allocator = self._make_allocator(host_allocator, HOST)
@@ -209,6 +189,7 @@ class Runtime:
         except BaseException:
             self._engine.close()
             self.releaser.close()
+            self._event_pool.close()
             raise
 
     # -- identity -----------------------------------------------------------------------
@@ -231,6 +212,14 @@ class Runtime:
     @property
     def capabilities(self) -> Capabilities:
         return self._capabilities
+
+    @property
+    def event_pool(self) -> EventPool:
+        """The runtime's idle bookkeeping events (non-timing, blocking-sync raw handles), shared by
+        the completion engine, forks and joins, and the allocators' fences: ``take()`` one, record
+        it, and ``give()`` it back once every wait on and query of that record is done or enqueued.
+        Any thread; never blocks. Closed with the runtime."""
+        return self._event_pool
 
     @property
     def is_closed(self) -> bool:
@@ -414,6 +403,7 @@ class Runtime:
             for allocator in (self._host_allocator, self._device_allocator):
                 allocator.close()
             self.releaser.close()
+            self._event_pool.close()
             for s in streams:
                 s._release()
             for e in events:

@@ -1,4 +1,4 @@
-"""Per-runtime pools of side streams and ordering events, used by pipeline fork launches and captures.
+"""Per-runtime pools of side streams, and ordering events, used by pipeline fork launches and captures.
 
 A stream is *checked out* while one launch or capture enqueues on it, so two
 threads never interleave their branches on the same side stream and a stream
@@ -6,8 +6,9 @@ taking part in a capture is never handed to eager work meanwhile. Once the
 enqueue is over it goes back to the pool: later work on it simply queues
 behind what is there.
 
-Events handed out are plain non-timing events used only to order streams.
-HIP and CUDA bind a ``stream_wait_event`` to the event's most recent record at
+Events handed out are plain non-timing events used only to order streams, taken
+from the runtime's one event pool (``rt.event_pool``, shared with the completion
+engine and the allocators' fences) and given back to it. HIP and CUDA bind a ``stream_wait_event`` to the event's most recent record at
 the time of the call, so an event can be returned to the pool as soon as every
 wait on it has been enqueued, even while the work is in flight.
 
@@ -25,8 +26,9 @@ from typing import TYPE_CHECKING
 
 from ._errors import ClosedError
 
+from ._event import Event
+
 if TYPE_CHECKING:
-    from ._event import Event
     from ._runtime import Runtime
     from ._stream import Stream
 
@@ -39,12 +41,11 @@ _pools_lock = threading.Lock()
 class StreamPool:
     """Side streams (per priority) and ordering events of one runtime."""
 
-    def __init__(self, runtime: Runtime, *, max_idle_events: int = 256) -> None:
+    def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
+        self._events = runtime._event_pool
         self._lock = threading.Lock()
         self._streams: dict[int, list[Stream]] = {}
-        self._events: list[Event] = []
-        self._max_idle_events = max_idle_events
         self._created_streams = 0
 
     @property
@@ -73,30 +74,19 @@ class StreamPool:
             self._streams.setdefault(priority, []).extend(s for s in streams if not s.is_closed)
 
     def acquire_event(self) -> Event:
-        """Check out an ordering event (non-timing)."""
-        with self._lock:
-            while self._events:
-                ev = self._events.pop()
-                if not ev._closed:
-                    return ev
+        """Check out an ordering event (non-timing; not one of the runtime's user events)."""
         self._check_open()
-        return self._runtime.create_event(timing=False)
+        return Event(self._runtime, self._events.take(), False)
 
     def reserve_events(self, count: int) -> None:
         """Make sure ``count`` idle events exist, creating the missing ones now (e.g. before a capture)."""
-        with self._lock:
-            missing = count - len(self._events)
-        for _ in range(max(0, missing)):
-            self._check_open()
-            self.release_event(self._runtime.create_event(timing=False))
+        self._check_open()
+        self._events.reserve(count)
 
     def release_event(self, event: Event) -> None:
         """Return an event once every wait on its latest record has been enqueued."""
-        with self._lock:
-            if len(self._events) < self._max_idle_events:
-                self._events.append(event)
-                return
-        event.close()
+        event._closed = True  # the handle is the pool's again
+        self._events.give(event._handle)
 
     def _check_open(self) -> None:
         if self._runtime.is_closed:

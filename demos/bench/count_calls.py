@@ -16,9 +16,11 @@ graph, and a single ``Stream.memset`` is counted too.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
@@ -56,6 +58,18 @@ def count(fn: Callable[[], Any]) -> tuple[Any, list[str]]:
     return result, calls
 
 
+def _settle(rt: srt.Runtime) -> None:
+    """Let the runtime threads finish retiring earlier launches (and drop their last references), so
+    that the counted launch starts from the same state every time."""
+    deadline = time.monotonic() + 10
+    while rt._engine.statistics().pending or rt._engine.statistics().host_calls_pending:
+        if time.monotonic() > deadline:
+            raise TimeoutError("earlier launches did not retire")
+        time.sleep(0.001)
+    time.sleep(0.005)  # the lane drops its references just after it resolved the Run
+    gc.collect()
+
+
 def _double(src: srt.Buffer, dst: srt.Buffer) -> None:
     dst.numpy()[:] = src.numpy() * 2
 
@@ -90,6 +104,7 @@ def measure() -> dict[str, list[str]]:
                 for _ in range(3):  # warm: plans built, events pooled, lanes started
                     launch().result(10)
                 s.synchronize()
+                _settle(rt)
                 run, calls = count(launch)
                 run.result(10)
                 rows[kind + suffix] = calls
@@ -97,6 +112,7 @@ def measure() -> dict[str, list[str]]:
         d = rt.device_allocator.allocate(4096, stream=s)
         s.memset(d, 0)
         s.synchronize()
+        _settle(rt)
         _, calls = count(lambda: s.memset(d, 1))
         rows["Stream.memset"] = calls
         s.synchronize()

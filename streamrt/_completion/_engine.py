@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ClosedError
+from .._event_pool import EventPool
 from .._host_work import HostWorkEstimates
 from .._hostcall import HostChannel, HostSlot
 from .._switch_interval import DEFAULT_SWITCH_INTERVAL, switch_interval_guard
@@ -48,7 +49,10 @@ class CompletionEngine(_HostCalls):
             backend supports it; by default a second host function,
             ``sem_wait(done)``, holds it. See :mod:`streamrt._hostcall` for
             why the signal hold is opt-in (a deadlock it can cause).
-        max_pooled_events: idle events kept for reuse; more are destroyed.
+        events: the pool its events come from (a runtime passes its own, shared with
+            the stream pool and the allocators, and closes it); ``None``: a pool of
+            its own, closed with the engine.
+        max_pooled_events: idle events kept by a pool of its own; more are destroyed.
         exit_timeout: how long the ``atexit`` hook waits for in-flight work
             before giving up on it (default ``$STREAMRT_EXIT_TIMEOUT`` or 5 s).
         watchdog_interval: seconds between the watchdog's checks while work is
@@ -67,6 +71,7 @@ class CompletionEngine(_HostCalls):
         *,
         python_host_switch_interval: float | None = DEFAULT_SWITCH_INTERVAL,
         stream_signals: bool = False,
+        events: EventPool | None = None,
         max_pooled_events: int = 1024,
         exit_timeout: float | None = None,
         watchdog_interval: float | None = 0.5,
@@ -85,7 +90,8 @@ class CompletionEngine(_HostCalls):
         self._backend = backend
         self._device = device
         self._switch_interval = python_host_switch_interval
-        self._max_pooled = max_pooled_events
+        self._owns_events = events is None
+        self._events = EventPool(backend, device, limit=max_pooled_events) if events is None else events
         self.exit_timeout = _default_exit_timeout() if exit_timeout is None else exit_timeout
         self._lock = threading.Lock()
         self._lanes: dict[int, _Lane] = {}
@@ -96,8 +102,7 @@ class CompletionEngine(_HostCalls):
         self._signals: list[int] | None = [] if self._uses_signals else None
         self._slots: set[HostSlot] = set()
         self._workers: dict[int, Any] = {}  # host-call workers by their `ready` semaphore's address (tracing)
-        self._pool: list[int] = []
-        self._events_created = 0
+        self._pool = self._events.idle  # popped inline on every launch (see EventPool)
         self._host_calls = 0
         self._python_in_flight = 0
         self._holds_guard = False
@@ -261,18 +266,12 @@ class CompletionEngine(_HostCalls):
         try:
             return self._pool.pop()
         except IndexError:
-            return self._new_event()
-
-    def _new_event(self) -> int:
-        """A new blocking-sync event for the pool (the pool is empty)."""
-        event = self._backend.event_create(timing=False, blocking_sync=True)
-        self._events_created += 1
-        return event
+            return self._events.take()
 
     def _recycle_event(self, event: int, ok: bool) -> None:
         """On a lane thread: the event completed; pool it (or destroy it if its wait failed)."""
-        if ok and len(self._pool) < self._max_pooled and not self._closing:
-            self._pool.append(event)
+        if ok and not self._closing:
+            self._events.give(event)
             return
         try:
             self._backend.event_destroy(event)
@@ -416,12 +415,8 @@ class CompletionEngine(_HostCalls):
                 self._backend.signal_free(signal)
             except Exception:  # noqa: BLE001 - a failed context; the memory is gone with it
                 _log.debug("signal_free failed while closing", exc_info=True)
-        pool, self._pool = self._pool, []
-        for event in pool:
-            try:
-                self._backend.event_destroy(event)
-            except Exception:  # noqa: BLE001 - backend already gone at exit
-                _log.debug("event_destroy failed while closing", exc_info=True)
+        if self._owns_events:
+            self._events.close()
         with self._lock:
             if self._holds_guard:
                 self._holds_guard = False
@@ -463,7 +458,7 @@ class CompletionEngine(_HostCalls):
             host_calls_pending=sum(w.in_flight for w in [*channels, *slots]),
             host_slots=len(slots),
             pooled_events=len(self._pool),
-            events_created=self._events_created,
+            events_created=self._events.created,
             switch_interval_lowered=self._holds_guard and switch_interval_guard.is_lowered,
             loop_closed_warned=self._notifier.warned,
             closed=self._closing,

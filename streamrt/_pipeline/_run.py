@@ -130,7 +130,7 @@ class Run(Completion):
         try:
             for stream in tails:
                 lane = stream._lane
-                event = pool.pop() if pool else engine._new_event()
+                event = pool.pop() if pool else engine._events.take()
                 lane._depth += 1  # a record-and-push section (see _Lane, "Order")
                 try:
                     try:
