@@ -1,0 +1,268 @@
+"""Count what each per-step helper of ``streamrt.torch`` calls per warm call, on the caller's thread (deterministic).
+
+The helpers are ``Prefetcher.__next__`` (staging the next batch and handing one out),
+``fetch`` (the loss back to the host) and ``MetricsLogger.log`` (a fetch plus emitting a
+landed step), at the training loop's size ``s`` (``demos/train_loop.py``: tokens and
+targets int64 x 2048, ``cu_seqlens`` int32 x 17), on the simulator with CPU torch.
+
+Method (``count_calls.py``'s, extended): ``sys.setprofile`` sees every call made on the
+calling thread during one warm helper call, and sorts them:
+
+* **streamrt**: Python calls whose code lives in ``streamrt/`` or ``allocators/``, leaving
+  out frames under ``streamrt/_backends/`` (the simulator stands in for the driver);
+* **backend**: calls into ``streamrt/_backends/`` from outside it (each is one driver call
+  on a GPU backend);
+* **torch**: calls into torch from outside it: its C functions and methods, and its
+  Python functions (counted once at the entry, not for what they call inside torch).
+
+Calls the simulator variant of ``streamrt.torch`` makes (``streamrt/torch/_host_torch.py``:
+CPU torch computing on the host next to the simulator) are also listed on their own: the
+GPU variant (``_device_torch.py``) replaces them with its own few torch calls, which the
+GPU benchmark ``helper_costs.py`` times.
+
+It also counts the **wake-ups of runtime threads** per step of a small loop made of the three
+helpers (each lane batch, Python host call, releaser job or watchdog wake-up takes the GIL
+once), since each one takes the GIL away from the loop's thread.
+
+    python demos/bench/helper_calls.py [--json out.json] [--show fetch]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+try:
+    import torch
+except ImportError:  # `streamrt bench` reads exit status 77 as "skipped", the last stderr line as why
+    print("needs torch: pip install 'streamrt[torch]'", file=sys.stderr)
+    sys.exit(77)
+
+from count_calls import _counted  # noqa: E402
+
+import streamrt as srt  # noqa: E402
+import streamrt.torch as st  # noqa: E402
+
+_BACKENDS = str(ROOT / "streamrt" / "_backends") + os.sep
+_HOST_VARIANT = str(ROOT / "streamrt" / "torch" / "_host_torch.py")
+_TORCH = str(Path(torch.__file__).resolve().parent) + os.sep
+#: The loop's batch at size s: token budget 16 x 128, 16 sequences.
+TOKENS, SEQS = 2048, 16
+
+
+@dataclass
+class Calls:
+    """The calls one helper call made on the calling thread, by kind (``"name (where)"`` each)."""
+
+    streamrt: list[str] = field(default_factory=list)
+    backend: list[str] = field(default_factory=list)
+    torch: list[str] = field(default_factory=list)
+
+    @property
+    def host_variant(self) -> list[str]:
+        """The streamrt calls made by the simulator variant of streamrt.torch (not on a GPU's path)."""
+        return [c for c in self.streamrt if "_host_torch.py" in c]
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "streamrt": len(self.streamrt),
+            "streamrt (sim variant)": len(self.host_variant),
+            "backend": len(self.backend),
+            "torch": len(self.torch),
+        }
+
+
+def _where(code: Any) -> str:
+    path = Path(code.co_filename)
+    try:
+        path = path.relative_to(ROOT)
+    except ValueError:
+        pass
+    return f"{code.co_qualname} ({path}:{code.co_firstlineno})"
+
+
+def _is_torch_builtin(fn: Any) -> bool:
+    owner = getattr(fn, "__self__", None)
+    module = getattr(fn, "__module__", None) or ""
+    return module.startswith("torch") or isinstance(owner, torch.Tensor) or (type(owner).__module__ or "").startswith("torch")
+
+
+def profile(fn: Callable[[], Any]) -> tuple[Any, Calls]:
+    """Run ``fn()`` with the profiler on; its result and the calls it made on this thread."""
+    calls = Calls()
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            code = frame.f_code
+            filename = code.co_filename
+            if _counted(filename):
+                calls.streamrt.append(_where(code))
+                return
+            caller = frame.f_back.f_code.co_filename if frame.f_back is not None else ""
+            if filename.startswith(_BACKENDS):
+                if not caller.startswith(_BACKENDS):
+                    calls.backend.append(code.co_qualname)
+            elif filename.startswith(_TORCH) and not caller.startswith(_TORCH):
+                calls.torch.append(code.co_qualname)
+        elif event == "c_call" and not frame.f_code.co_filename.startswith(_TORCH) and _is_torch_builtin(arg):
+            calls.torch.append(getattr(arg, "__qualname__", repr(arg)))
+
+    sys.setprofile(hook)
+    try:
+        result = fn()
+    finally:
+        sys.setprofile(None)
+    return result, calls
+
+
+def batches(n: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """``n`` CPU batches shaped like the loop's at size s (made up front: their making is not counted)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        cu = np.zeros(SEQS + 1, dtype=np.int32)
+        np.cumsum(rng.integers(8, 129, size=SEQS), out=cu[1:])
+        out.append(
+            {
+                "tokens": torch.from_numpy(rng.integers(0, 512, size=TOKENS)),
+                "targets": torch.from_numpy(rng.integers(0, 512, size=TOKENS)),
+                "cu_seqlens": torch.from_numpy(cu),
+            }
+        )
+    return out
+
+
+def measure(backend: str = "sim") -> dict[str, Calls]:
+    """One warm call of each helper, profiled (the stream is idle before each, so what is due has landed)."""
+    rows: dict[str, Calls] = {}
+    with srt.open_runtime(backend) as rt:
+        device = torch.device("cpu") if rt.capabilities.is_simulated else torch.device("cuda", rt.device)
+        torch_stream = st.current_stream(rt)
+        loss = st.device_empty(rt, (), torch.float32)
+        loss.fill_(2.5)
+        with st.Prefetcher(batches(16), rt, depth=2) as prefetcher:
+            for _ in range(4):  # warm: plans made, events and staging blocks pooled
+                next(prefetcher)
+            rt.synchronize()
+            _, rows["Prefetcher.__next__"] = profile(lambda: next(prefetcher))
+            rt.synchronize()
+        for _ in range(4):
+            st.fetch(rt, loss).result(10)
+        torch_stream.synchronize()
+        fut, rows["fetch"] = profile(lambda: st.fetch(rt, loss))
+        fut.result(10)
+        logger = st.MetricsLogger(rt, lag=2, sink=None)
+        for step in range(6):
+            logger.log(step, loss)
+        torch_stream.synchronize()
+        _, rows["MetricsLogger.log"] = profile(lambda: logger.log(6, loss))
+        logger.flush(10)
+        del device
+    return rows
+
+
+@dataclass
+class Wakeups:
+    """Wake-ups of runtime threads per step of a loop of the three helpers (each takes the GIL once)."""
+
+    steps: int
+    lane_batches: float
+    host_calls: float
+    releaser_jobs: float
+    watchdog_wakeups: float
+
+    @property
+    def total(self) -> float:
+        return self.lane_batches + self.host_calls + self.releaser_jobs + self.watchdog_wakeups
+
+
+def wakeups_per_step(backend: str = "sim", steps: int = 50, fetch_every: int = 10) -> Wakeups:
+    """Run ``steps`` steps (prefetch a batch, a small torch op, log its result, fetch every
+    ``fetch_every`` steps as the demo checks its metadata) and count the runtime threads' wake-ups."""
+    with srt.open_runtime(backend) as rt:
+        jobs = [0]
+        submit = rt.releaser.submit
+
+        def counted_submit(fn: Any, *args: Any) -> None:
+            jobs[0] += 1
+            submit(fn, *args)
+
+        rt.releaser.submit = counted_submit  # type: ignore[method-assign]
+        logger = st.MetricsLogger(rt, lag=2, sink=None)
+        futures = []
+        with st.Prefetcher(batches(steps + 4), rt, depth=2) as prefetcher:
+            for _ in range(3):  # warm
+                logger.log(-1, next(prefetcher)["tokens"].float().mean())
+            logger.flush(10)
+            rt.synchronize()
+            time.sleep(0.05)
+            before = rt._engine.statistics()
+            jobs[0] = 0
+            for step in range(steps):
+                batch = next(prefetcher)
+                loss = batch["tokens"].float().mean()
+                logger.log(step, loss)
+                if step % fetch_every == 0:
+                    futures.append(st.fetch(rt, batch["cu_seqlens"]))
+            logger.flush(10)
+            for fut in futures:
+                fut.result(10)
+            rt.synchronize()
+            time.sleep(0.05)
+            after = rt._engine.statistics()
+        rt.releaser.submit = submit  # type: ignore[method-assign]
+        n = float(steps)
+        return Wakeups(
+            steps=steps,
+            lane_batches=(after.batches - before.batches) / n,
+            host_calls=(after.host_calls - before.host_calls) / n,
+            releaser_jobs=jobs[0] / n,
+            watchdog_wakeups=(after.watchdog_wakeups - before.watchdog_wakeups) / n,
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", default="sim", help="streamrt backend (default sim; a GPU backend needs torch with CUDA)")
+    parser.add_argument("--json", type=Path, help="write the counts (and the calls) here")
+    parser.add_argument("--show", choices=("Prefetcher.__next__", "fetch", "MetricsLogger.log"), help="list the calls of one helper")
+    args = parser.parse_args(argv)
+    rows = measure(args.backend)
+    print(f"{'helper':<22} {'streamrt':>9} {'(sim variant)':>14} {'backend':>8} {'torch':>6}")
+    for name, calls in rows.items():
+        c = calls.counts()
+        print(f"{name:<22} {c['streamrt']:>9} {c['streamrt (sim variant)']:>14} {c['backend']:>8} {c['torch']:>6}")
+    wake = wakeups_per_step(args.backend)
+    print(
+        f"\nruntime-thread wake-ups per step ({wake.steps} steps: prefetch, log, a fetch every 10): {wake.total:.2f} "
+        f"(lane batches {wake.lane_batches:.2f}, host calls {wake.host_calls:.2f}, releaser jobs {wake.releaser_jobs:.2f}, "
+        f"watchdog {wake.watchdog_wakeups:.2f})"
+    )
+    if args.show:
+        calls = rows[args.show]
+        for title, items in (("streamrt", calls.streamrt), ("backend", calls.backend), ("torch", calls.torch)):
+            print(f"\n{title} calls of one warm {args.show}:")
+            for call, n in Counter(items).most_common():
+                print(f"  {n:3d}  {call}")
+    if args.json:
+        out: dict[str, Any] = {k: {**v.counts(), "calls": {"streamrt": v.streamrt, "backend": v.backend, "torch": v.torch}} for k, v in rows.items()}
+        out["wakeups_per_step"] = {**wake.__dict__, "total": wake.total}
+        args.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
