@@ -15,10 +15,12 @@ calling thread during one warm helper call, and sorts them:
 * **torch**: calls into torch from outside it: its C functions and methods, and its
   Python functions (counted once at the entry, not for what they call inside torch).
 
-Calls the simulator variant of ``streamrt.torch`` makes (``streamrt/torch/_host_torch.py``:
-CPU torch computing on the host next to the simulator) are also listed on their own: the
-GPU variant (``_device_torch.py``) replaces them with its own few torch calls, which the
-GPU benchmark ``helper_costs.py`` times.
+Calls made by or under the simulator variant of ``streamrt.torch``
+(``streamrt/torch/_host_torch.py``: CPU torch computing on the host next to the simulator,
+with its aliased device blocks, host waits and fetch snapshots) are also counted on their
+own ("sim"): they are not on a GPU's path, where the GPU variant (``_device_torch.py``)
+makes a few torch calls instead (the GPU benchmark ``helper_costs.py`` times them). So
+"total - sim" is what the common code costs on every backend.
 
 It also counts the **wake-ups of runtime threads** per step of a small loop made of the three
 helpers (each lane batch, Python host call, releaser job or watchdog wake-up takes the GIL
@@ -63,26 +65,30 @@ _TORCH = str(Path(torch.__file__).resolve().parent) + os.sep
 TOKENS, SEQS = 2048, 16
 
 
+_KINDS = ("streamrt", "backend", "torch")
+
+
 @dataclass
 class Calls:
-    """The calls one helper call made on the calling thread, by kind (``"name (where)"`` each)."""
+    """The calls one helper call made on the calling thread, by kind (``"name (where)"`` each), and
+    of those, the ones made by or under the simulator variant (``sim``, by kind)."""
 
     streamrt: list[str] = field(default_factory=list)
     backend: list[str] = field(default_factory=list)
     torch: list[str] = field(default_factory=list)
+    sim: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in _KINDS})
 
-    @property
-    def host_variant(self) -> list[str]:
-        """The streamrt calls made by the simulator variant of streamrt.torch (not on a GPU's path)."""
-        return [c for c in self.streamrt if "_host_torch.py" in c]
+    def add(self, kind: str, call: str, in_sim_variant: bool) -> None:
+        getattr(self, kind).append(call)
+        if in_sim_variant:
+            self.sim[kind].append(call)
 
     def counts(self) -> dict[str, int]:
-        return {
-            "streamrt": len(self.streamrt),
-            "streamrt (sim variant)": len(self.host_variant),
-            "backend": len(self.backend),
-            "torch": len(self.torch),
-        }
+        out = {}
+        for kind in _KINDS:
+            out[kind] = len(getattr(self, kind))
+            out[f"{kind} (sim)"] = len(self.sim[kind])
+        return out
 
 
 def _where(code: Any) -> str:
@@ -104,21 +110,28 @@ def profile(fn: Callable[[], Any]) -> tuple[Any, Calls]:
     """Run ``fn()`` with the profiler on; its result and the calls it made on this thread."""
     calls = Calls()
 
+    def in_sim_variant(frame: Any) -> bool:
+        while frame is not None:
+            if frame.f_code.co_filename == _HOST_VARIANT:
+                return True
+            frame = frame.f_back
+        return False
+
     def hook(frame: Any, event: str, arg: Any) -> None:
         if event == "call":
             code = frame.f_code
             filename = code.co_filename
             if _counted(filename):
-                calls.streamrt.append(_where(code))
+                calls.add("streamrt", _where(code), in_sim_variant(frame))
                 return
             caller = frame.f_back.f_code.co_filename if frame.f_back is not None else ""
             if filename.startswith(_BACKENDS):
                 if not caller.startswith(_BACKENDS):
-                    calls.backend.append(code.co_qualname)
+                    calls.add("backend", code.co_qualname, in_sim_variant(frame))
             elif filename.startswith(_TORCH) and not caller.startswith(_TORCH):
-                calls.torch.append(code.co_qualname)
+                calls.add("torch", code.co_qualname, in_sim_variant(frame))
         elif event == "c_call" and not frame.f_code.co_filename.startswith(_TORCH) and _is_torch_builtin(arg):
-            calls.torch.append(getattr(arg, "__qualname__", repr(arg)))
+            calls.add("torch", getattr(arg, "__qualname__", repr(arg)), in_sim_variant(frame))
 
     sys.setprofile(hook)
     try:
@@ -165,9 +178,9 @@ def measure(backend: str = "sim") -> dict[str, Calls]:
         fut, rows["fetch"] = profile(lambda: st.fetch(rt, loss))
         fut.result(10)
         logger = st.MetricsLogger(rt, lag=2, sink=None)
-        for step in range(6):
+        for step in range(6):  # the steady state: each log emits the step logged two calls before
             logger.log(step, loss)
-        torch_stream.synchronize()
+            torch_stream.synchronize()
         _, rows["MetricsLogger.log"] = profile(lambda: logger.log(6, loss))
         logger.flush(10)
         del device
@@ -241,10 +254,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--show", choices=("Prefetcher.__next__", "fetch", "MetricsLogger.log"), help="list the calls of one helper")
     args = parser.parse_args(argv)
     rows = measure(args.backend)
-    print(f"{'helper':<22} {'streamrt':>9} {'(sim variant)':>14} {'backend':>8} {'torch':>6}")
+    print(f"{'helper (calls: total / sim)':<28} {'streamrt':>10} {'backend':>10} {'torch':>10}")
     for name, calls in rows.items():
         c = calls.counts()
-        print(f"{name:<22} {c['streamrt']:>9} {c['streamrt (sim variant)']:>14} {c['backend']:>8} {c['torch']:>6}")
+        cells = " ".join(f"{c[k]:>5} /{c[k + ' (sim)']:>3}" for k in _KINDS)
+        print(f"{name:<28} {cells}")
     wake = wakeups_per_step(args.backend)
     print(
         f"\nruntime-thread wake-ups per step ({wake.steps} steps: prefetch, log, a fetch every 10): {wake.total:.2f} "
@@ -253,12 +267,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.show:
         calls = rows[args.show]
-        for title, items in (("streamrt", calls.streamrt), ("backend", calls.backend), ("torch", calls.torch)):
-            print(f"\n{title} calls of one warm {args.show}:")
-            for call, n in Counter(items).most_common():
-                print(f"  {n:3d}  {call}")
+        for kind in _KINDS:
+            sim = Counter(calls.sim[kind])
+            print(f"\n{kind} calls of one warm {args.show} (n, of which under the sim variant):")
+            for call, n in Counter(getattr(calls, kind)).most_common():
+                print(f"  {n:3d} {sim[call]:3d}  {call}")
     if args.json:
-        out: dict[str, Any] = {k: {**v.counts(), "calls": {"streamrt": v.streamrt, "backend": v.backend, "torch": v.torch}} for k, v in rows.items()}
+        out: dict[str, Any] = {k: {**v.counts(), "calls": {kind: getattr(v, kind) for kind in _KINDS}, "sim": v.sim} for k, v in rows.items()}
         out["wakeups_per_step"] = {**wake.__dict__, "total": wake.total}
         args.json.write_text(json.dumps(out, indent=1))
     return 0
