@@ -322,7 +322,9 @@ class MetricsLogger:
     def _emit_head(self, *, delay: int | None) -> None:
         head = self._pending.popleft()
         ctx = self._ctx
-        values = [_plain(p.take(ctx) if type(p) is _Landing else p) for p in head.parts]
+        values = []
+        for part in head.parts:
+            values.append(_plain(part.take(ctx) if type(part) is _Landing else part))
         value: Any = values[0] if head.keys is None else dict(zip(head.keys, values))
         self._emitted += 1
         if delay is not None and delay > self._max_delay:

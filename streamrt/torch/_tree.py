@@ -38,7 +38,7 @@ def is_leaf(obj: Any) -> bool:
 def flatten(obj: Any) -> tuple[list[Any], Any]:
     """``(values, structure)``: the values at the ends of ``obj`` in visiting order, and its shape as a hashable key."""
     values: list[Any] = []
-    if type(obj) in _ENDS or not isinstance(obj, _CONTAINERS) or is_leaf(obj):
+    if type(obj) is not dict and (type(obj) in _ENDS or not isinstance(obj, _CONTAINERS)):
         values.append(obj)
         return values, _END
     return values, _flatten(obj, values)
