@@ -26,7 +26,8 @@ It also counts the **wake-ups of runtime threads** per step of a small loop made
 helpers (each lane batch, Python host call, releaser job or watchdog wake-up takes the GIL
 once), since each one takes the GIL away from the loop's thread.
 
-    python demos/bench/helper_calls.py [--json out.json] [--show fetch]
+    python demos/bench/helper_calls.py [--out out.json] [--show fetch]
+    PYTHONPATH=. python demos/bench/helper_calls.py --device cuda      # the same counts on a GPU backend
 """
 
 from __future__ import annotations
@@ -269,10 +270,16 @@ def wakeups_per_step(backend: str = "sim", steps: int = 50, fetch_every: int = 1
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="sim", help="streamrt backend (default sim; a GPU backend needs torch with CUDA)")
-    parser.add_argument("--json", type=Path, help="write the counts (and the calls) here")
+    parser.add_argument("--backend", default=None, help="streamrt backend (default: sim, or auto with --device cuda)")
+    parser.add_argument("--device", default=None, choices=("cuda", "cpu"), help="torch's device (default: cpu with the simulator, else cuda)")
+    parser.add_argument("--out", "--json", dest="json", type=Path, help="write the counts (and the calls) here")
     parser.add_argument("--show", choices=("Prefetcher.__next__", "fetch", "MetricsLogger.log"), help="list the calls of one helper")
     args = parser.parse_args(argv)
+    on_gpu = (args.device or ("cuda" if args.backend not in (None, "sim") else "cpu")) == "cuda"
+    if on_gpu and not torch.cuda.is_available():
+        print(f"torch {torch.__version__} has no CUDA device here; --backend sim counts on the simulator", file=sys.stderr)
+        return 77
+    args.backend = args.backend or ("auto" if on_gpu else "sim")
     rows = measure(args.backend)
     print(f"{'helper (calls: total / sim)':<28} {'streamrt':>10} {'backend':>10} {'torch':>10}")
     for name, calls in rows.items():
