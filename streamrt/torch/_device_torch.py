@@ -46,22 +46,29 @@ class DeviceTorch(TorchContext):
 
     def __init__(self, rt: Runtime) -> None:
         super().__init__(rt)
-        torch = torch_module()
-        self._torch = torch
         self._index = rt.device
-        self._device = torch.device("cuda", rt.device)
-        self._uint8 = torch.uint8
         self._pointer_kind = rt._base_backend.pointer_kind
-        c = torch._C
-        self._get_stream = getattr(c, "_cuda_getCurrentStream", None)  # (stream id, device index, device type)
-        self._set_stream = getattr(c, "_cuda_setStream", None)
-        self._get_device = getattr(c, "_cuda_getDevice", None)
+        self._torch: Any = None  # torch's part, set up by the first call that needs torch (_setup)
         self._wrapped: dict[Any, Stream] = {}  # torch's stream key -> wrapped Stream
         self._ids: dict[int, tuple[int, int, int]] = {}  # streamrt stream handle -> torch stream ids
         self._last: tuple[Stream | None, Any] = (None, None)  # (Stream, its torch stream): record_stream's
 
+    def _setup(self) -> Any:
+        """Import torch (a Buffer fetch never needs it) and look up the calls the hot paths use."""
+        torch = torch_module()
+        c = torch._C
+        self._device = torch.device("cuda", self._index)
+        self._uint8 = torch.uint8
+        self._get_stream = getattr(c, "_cuda_getCurrentStream", None)  # (stream id, device index, device type)
+        self._set_stream = getattr(c, "_cuda_setStream", None)
+        self._get_device = getattr(c, "_cuda_getDevice", None)
+        self._torch = torch
+        return torch
+
     # -- streams --------------------------------------------------------------------------------
     def current_stream(self) -> Stream:
+        if self._torch is None:
+            self._setup()
         get = self._get_stream
         if get is not None:
             key: Any = get(self._index)
@@ -90,7 +97,7 @@ class DeviceTorch(TorchContext):
 
     # -- memory ---------------------------------------------------------------------------------
     def empty(self, nbytes: int, stream: Stream | None) -> tuple[Any, Buffer | None]:
-        torch = self._torch
+        torch = self._torch if self._torch is not None else self._setup()
         if stream is None:
             return torch.empty(nbytes, dtype=self._uint8, device=self._device), None
         set_stream, get_device = self._set_stream, self._get_device
