@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._completion import Completion
+from .._errors import ClosedError
 from ._context import TorchContext, context
 from ._enqueue import record
 from ._fetch import HostCopy, start_copy
@@ -94,11 +95,16 @@ class _Landing:
     def landed(self) -> bool:
         """Never blocks: one event query until it reports the copy landed."""
         if not self.done:
-            self.done = self.event._runtime._base_backend.event_query(self.event._handle)
+            rt = self.event._runtime
+            if rt._closed:
+                raise ClosedError("the runtime was closed before this value was copied out: it is lost")
+            self.done = rt._base_backend.event_query(self.event._handle)
         return self.done
 
     def take(self, ctx: TorchContext) -> np.ndarray:
         """The landed value; the staging and the event are given back."""
+        if ctx.rt._closed:  # its staging went with the runtime's allocator
+            raise ClosedError("the runtime was closed before this value was copied out: it is lost")
         try:
             return self.copy.value()
         finally:
@@ -220,7 +226,8 @@ class MetricsLogger:
         """Wait for every pending copy and emit everything, in step order (blocks; the GIL is released).
 
         Raises ``TimeoutError`` if a copy has not landed after ``timeout`` seconds
-        (what landed before it is emitted; the rest stays pending).
+        (what landed before it is emitted; the rest stays pending). Flush before the
+        runtime closes: values not yet copied out then raise ``ClosedError``.
         """
         while self._pending:
             for part in self._pending[0].in_flight():
