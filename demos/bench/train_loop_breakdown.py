@@ -49,7 +49,7 @@ from train_loop_bench import SIZES, config, demo
 
 import streamrt as srt
 import streamrt.torch as st
-from streamrt.torch import _context
+from streamrt.torch import _device_torch, _host_torch
 
 
 class Timers:
@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         (demo, "train_step", "train_step"),
         (st.Prefetcher, "__next__", "prefetch next"),
         (st.Prefetcher, "_stage", "prefetch stage"),
-        (_context.TorchContext, "hand_off", "hand_off"),
+        (_device_torch.DeviceTorch, "hand_off", "hand_off"),
+        (_host_torch.HostTorch, "hand_off", "hand_off"),
         (demo.WorkspacePrepare, "launch", "prepare launch"),
         (st.MetricsLogger, "log", "logger.log"),
         (demo._MetadataCheck, "poll", "check.poll"),

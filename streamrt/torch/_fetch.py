@@ -13,8 +13,10 @@
    only then releases the staging block.
 
 The stream carries one small copy and an event record, and never waits for
-Python: no host function is enqueued, so no stream stalls on the GIL, and
-the enqueue is two backend calls.
+Python: no host function is enqueued, so no stream stalls on the GIL. The
+calling thread makes three backend calls (a capture check, the copy, the
+record) and takes the staging block on the allocator's fast path: nothing
+but the copy uses it, and it is released only once the copy has landed.
 
 Where the tensor lives:
 
@@ -38,25 +40,29 @@ resolved on a runtime thread (its callbacks run there).
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._buffer import PAGEABLE, Buffer
-from .._errors import CaptureError
+from .._backends.protocol import MemcpyKind
+from .._buffer import DEVICE, PAGEABLE, Buffer
 from .._completion import Completion
+from .._errors import CaptureError
 from .._extensions import provide
 from .._stream import Stream
 from .._trace_labels import label
 from ._context import TorchContext, context
+from ._enqueue import D2H, copy
 from ._interop import record_stream
 from ._lazy import host_dtype, is_tensor, torch_module
 
 if TYPE_CHECKING:
+    from .._event import Event
     from .._runtime import Runtime
 
-__all__ = ["FetchFuture", "fetch"]
+__all__ = ["FetchFuture", "HostCopy", "fetch", "start_copy"]
+
+_H2H = MemcpyKind.HOST_TO_HOST
 
 
 class FetchFuture(Completion):
@@ -70,12 +76,15 @@ class FetchFuture(Completion):
     ``shape`` and ``dtype`` describe the array it resolves with.
     """
 
-    __slots__ = ("_dtype", "_shape")
+    __slots__ = ("_copy", "_ctx", "_dtype", "_shape", "_watched")
 
     def __init__(self, shape: tuple[int, ...], dtype: np.dtype) -> None:
         super().__init__()
         self._shape = shape
         self._dtype = dtype
+        self._copy: HostCopy | None = None  # the copy in flight, until it landed
+        self._ctx: TorchContext | None = None
+        self._watched: Event | None = None  # the event recorded after the copy
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -90,6 +99,61 @@ class FetchFuture(Completion):
         """Wait like :meth:`result`, then return the array's single element as a Python scalar."""
         return self.result(timeout).item()
 
+    def _landed(self, error: BaseException | None) -> None:
+        """On the stream's lane thread, once the copy has landed (or waiting for it failed)."""
+        got, ctx, event = self._copy, self._ctx, self._watched
+        self._copy = self._ctx = self._watched = None
+        assert got is not None and ctx is not None and event is not None
+        landed = error is None
+        try:
+            if landed:
+                try:
+                    value = got.value()
+                except BaseException as err:  # noqa: BLE001 - delivered to whoever awaits the future
+                    error = err
+            if error is None:
+                self._set_result(value)
+            else:
+                self._log_unretrieved = True
+                self._set_exception(error)
+        finally:
+            got.release(landed)
+            if landed:
+                ctx.give_event(event)  # (after a failed wait the event is left alone)
+
+
+class HostCopy:
+    """A device-to-host copy enqueued into a pinned staging block (see :func:`start_copy`).
+
+    Its owner watches for it to land (an event recorded after it), then reads :meth:`value`
+    and calls :meth:`release`; or calls ``release(False)`` at once to drop it, whereupon the
+    allocator reuses the block only once the stream has passed the copy.
+    """
+
+    __slots__ = ("dtype", "nbytes", "shape", "staging", "stream", "widen")
+
+    def __init__(self, staging: Buffer, nbytes: int, dtype: np.dtype, shape: tuple[int, ...], widen: bool, stream: Stream) -> None:
+        self.staging = staging
+        self.nbytes = nbytes
+        self.dtype = dtype  # of the bytes
+        self.shape = shape
+        self.widen = widen  # bfloat16 bits, widened to float32
+        self.stream = stream
+
+    @property
+    def result_dtype(self) -> np.dtype:
+        return np.dtype(np.float32) if self.widen else self.dtype
+
+    def value(self) -> np.ndarray:
+        """The landed bytes as a new array the caller owns."""
+        raw = self.staging.numpy(np.uint8)[: self.nbytes]
+        return _copy_out(raw, self.dtype, self.shape, self.widen)
+
+    def release(self, landed: bool) -> None:
+        """Give the staging back: at once when the copy has ``landed``, else once the stream has passed it."""
+        if not landed:
+            self.staging.note_stream(self.stream)
+        self.staging.release()
 
 
 def _copy_out(raw: np.ndarray, dtype: np.dtype, shape: tuple[int, ...], widen_bf16: bool) -> np.ndarray:
@@ -119,83 +183,101 @@ def fetch(rt: Runtime, tensor: Any, stream: Stream | None = None, *, dtype: Any 
         dtype: for a Buffer, the numpy dtype to read its bytes as (default uint8).
 
     Raises ``TypeError``/``ValueError`` before anything is enqueued for a wrong
-    argument (a tensor of another device, an unsupported dtype, ...).
+    argument (a tensor of another device, an unsupported dtype, ...), and
+    ``CaptureError`` on a stream that is capturing.
     """
-    rt._check_open()
+    ctx = context(rt)
+    got = start_copy(rt, ctx, tensor, stream, dtype)
+    if not isinstance(got, HostCopy):
+        return _resolved(got, rt)
+    fut = FetchFuture(got.shape, got.result_dtype)
+    engine = rt._engine
+    fut._notifier = engine._notifier
+    fut._lanes = (got.stream._lane,)  # an await polls the stream's lane
+    event = ctx.take_event()
+    fut._copy, fut._ctx, fut._watched = got, ctx, event
+    try:
+        engine.record_and_watch(event._handle, got.stream._handle, fut._landed)
+    except BaseException:  # nothing watched: the copy may still run
+        fut._copy = fut._ctx = fut._watched = None
+        got.release(False)
+        ctx.give_event(event)
+        raise
+    return fut
+
+
+def start_copy(rt: Runtime, ctx: TorchContext, value: Any, stream: Stream | None, dtype: Any) -> HostCopy | np.ndarray:
+    """Enqueue the device-to-host copy of ``value`` (a tensor, or a Buffer with ``stream``) into staging.
+
+    Returns the :class:`HostCopy` in flight, or the array itself when the value is already in
+    pageable host memory. Everything is checked before anything is enqueued (``TypeError``,
+    ``ValueError``, ``CaptureError``, ``ClosedError``). For :func:`fetch` and ``MetricsLogger``.
+    """
+    if rt._closed:
+        rt._check_open()
     if stream is not None:
         _check_stream(rt, stream)
-    ctx = context(rt)
-    if is_tensor(tensor):
+    temp: Buffer | None = None
+    if is_tensor(value):
         if dtype is not None:
             raise TypeError("dtype= applies to Buffers; a tensor is read with its own dtype")
-        t = tensor.detach()
-        if not t.is_contiguous():
-            t = t.contiguous()
-        np_dtype, widen = host_dtype(t.dtype)
-        shape = tuple(int(d) for d in t.shape)
+        np_dtype, widen = host_dtype(value.dtype)
+        t = value if value.is_contiguous() else value.detach().contiguous()
+        shape = tuple(t.shape)
+        source = ctx.fetch_source(t)
+        if source is None:  # pageable CPU memory next to a GPU: already on the host
+            return _copy_out(_host_bytes(t), np_dtype, shape, widen)
+        src, kind, temp = source
+        nbytes = t.nbytes
         producer = ctx.current_stream()
-        src, temp = ctx.device_source(t)
-        if src is None:  # pageable CPU memory next to a GPU: already on the host
-            return _resolved(_copy_out(_host_bytes(t), np_dtype, shape, widen), rt)
-        try:
-            if stream is None:
-                stream = producer
-            elif stream is not producer:
-                ctx.join(stream, producer)
-                record_stream(t, stream)
-            return _enqueue(rt, ctx, stream, src, np_dtype, shape, widen)
-        finally:
-            if temp is not None:
-                temp.release()  # reuse waits for the copy that reads it
-    if isinstance(tensor, Buffer):
+        if stream is None:
+            stream = producer
+        elif stream is not producer:
+            ctx.join(stream, producer)
+            record_stream(t, stream)
+    elif isinstance(value, Buffer):
         if stream is None:
             raise TypeError("fetching a Buffer needs stream=: the stream whose work wrote it")
-        np_dtype = np.dtype(np.uint8 if dtype is None else dtype)
-        if tensor.nbytes % np_dtype.itemsize:
-            raise ValueError(f"{tensor.nbytes} bytes is not a whole number of {np_dtype} elements")
-        shape = (tensor.nbytes // np_dtype.itemsize,)
-        if tensor.kind == PAGEABLE:
-            return _resolved(_copy_out(tensor.numpy(np.uint8), np_dtype, shape, False), rt)
-        return _enqueue(rt, ctx, stream, tensor, np_dtype, shape, False)
-    raise TypeError(f"fetch takes a torch tensor or a streamrt Buffer, not {type(tensor).__name__}")
+        np_dtype, widen = np.dtype(np.uint8 if dtype is None else dtype), False
+        nbytes = value.nbytes
+        if nbytes % np_dtype.itemsize:
+            raise ValueError(f"{nbytes} bytes is not a whole number of {np_dtype} elements")
+        if value.runtime is not rt:
+            raise ValueError("the buffer belongs to another runtime")
+        value.check_usable()
+        shape = (nbytes // np_dtype.itemsize,)
+        if value.kind == PAGEABLE:
+            return _copy_out(value.numpy(np.uint8), np_dtype, shape, False)
+        src, kind = value.ptr, (D2H if value.kind == DEVICE else _H2H)
+        value.note_stream(stream)  # its release waits for the copy
+    else:
+        raise TypeError(f"fetch takes a torch tensor or a streamrt Buffer, not {type(value).__name__}")
+    try:
+        staging = _enqueue(rt, stream, src, kind, nbytes)
+    finally:
+        if temp is not None:
+            ctx.release_source(temp, stream)
+    return HostCopy(staging, nbytes, np_dtype, shape, widen, stream)
 
 
-def _enqueue(rt: Runtime, ctx: TorchContext, stream: Stream, src: Buffer, np_dtype: np.dtype, shape: tuple[int, ...], widen: bool) -> FetchFuture:
-    """The D2H into staging and the watched event on ``stream``; the future, resolved on the lane."""
+def _enqueue(rt: Runtime, stream: Stream, src: int, kind: MemcpyKind, nbytes: int) -> Buffer:
+    """The copy into a new staging block, which only this copy uses (released once it landed)."""
+    if stream._closed:
+        stream._check_open()
     if stream._backend.stream_is_capturing(stream._handle):
         raise CaptureError(f"{stream.name} is capturing: fetch the tensor after the graph is launched, not inside the capture")
-    nbytes = src.nbytes
-    with label("torch.fetch", None) if rt._tracer is not None else contextlib.nullcontext():
-        staging = rt.host_allocator.allocate(max(nbytes, 1))
+    staging = rt._host_allocator.allocate(nbytes or 1)
+    if nbytes:
         try:
-            raw = staging.numpy(np.uint8)[:nbytes]
-            if nbytes:
-                stream.copy(staging, src, nbytes)
-            landed = rt._engine.completion_for_stream(stream._handle)
-        except BaseException:
-            staging.release()  # reused only once the stream has passed what was enqueued
-            raise
-    fut = FetchFuture(shape, np.dtype(np.float32) if widen else np_dtype)
-    fut._notifier = landed._notifier
-
-    def settle(done: Completion) -> None:  # on the stream's lane thread, once the copy has landed
-        try:
-            exc = done.exception(0)
-            if exc is None:
-                try:
-                    value = _copy_out(raw, np_dtype, shape, widen)
-                except BaseException as err:  # noqa: BLE001 - delivered to whoever awaits the future
-                    exc = err
-            if exc is None:
-                fut._set_result(value)
+            if rt._tracer is not None:
+                with label("torch.fetch", None):
+                    copy(stream, staging._ptr, src, nbytes, kind)
             else:
-                fut._log_unretrieved = True
-                fut._set_exception(exc)
-        finally:
-            staging.release()
-
-    landed.add_done_callback(settle)
-    return fut
+                copy(stream, staging._ptr, src, nbytes, kind)
+        except BaseException:
+            staging.release()  # nothing was enqueued
+            raise
+    return staging
 
 
 def _resolved(value: np.ndarray, rt: Runtime) -> FetchFuture:

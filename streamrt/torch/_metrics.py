@@ -15,6 +15,14 @@ not landed when it is due is *late*: it stays queued (``log`` never waits)
 and is emitted, still in step order, by a later ``log`` or by ``flush``. So
 with a GPU that keeps up, step ``n`` is emitted during ``log(n + lag)``.
 
+How it watches the copies: each is a D2H into pinned staging followed by an
+event (see :func:`~streamrt.torch.fetch`), and ``log`` itself asks whether the
+oldest due step's event has completed (one event query) and copies its bytes
+out. No runtime thread is woken for a logged value, so none takes the GIL
+from the training loop; ``flush`` blocks on the events (GIL released) and
+``aflush`` awaits them. Call ``log`` and ``poll`` outside a graph capture:
+their event queries are not allowed during a global-mode capture.
+
 The sink is called on the thread that calls ``log``/``flush`` (never on a
 runtime thread) with ``(step, value)``: a Python scalar for one-element
 tensors, a numpy array otherwise, a dict of those for a dict of tensors.
@@ -33,10 +41,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._completion import Completion
-from ._fetch import FetchFuture, _resolved, fetch
+from .._errors import ClosedError
+from ._context import TorchContext, context
+from ._enqueue import record
+from ._fetch import HostCopy, start_copy
 from ._lazy import is_tensor
 
 if TYPE_CHECKING:
+    from .._event import Event
     from .._runtime import Runtime
     from .._stream import Stream
 
@@ -70,20 +82,59 @@ class MetricsStatistics:
     blocking_waits: int
 
 
-class _Pending:
-    __slots__ = ("futures", "late", "seq", "step")
+class _Landing:
+    """One value's copy in flight and the event recorded after it; the logging thread polls it."""
 
-    def __init__(self, step: int, futures: FetchFuture | dict[str, FetchFuture], seq: int) -> None:
+    __slots__ = ("copy", "done", "event")
+
+    def __init__(self, copy: HostCopy, event: Event) -> None:
+        self.copy = copy
+        self.event = event
+        self.done = False
+
+    def landed(self) -> bool:
+        """Never blocks: one event query until it reports the copy landed."""
+        if not self.done:
+            rt = self.event._runtime
+            if rt._closed:
+                raise ClosedError("the runtime was closed before this value was copied out: it is lost")
+            self.done = rt._base_backend.event_query(self.event._handle)
+        return self.done
+
+    def take(self, ctx: TorchContext) -> np.ndarray:
+        """The landed value; the staging and the event are given back."""
+        if ctx.rt._closed:  # its staging went with the runtime's allocator
+            raise ClosedError("the runtime was closed before this value was copied out: it is lost")
+        try:
+            return self.copy.value()
+        finally:
+            self.copy.release(True)
+            ctx.give_event(self.event)
+
+    def drop(self, ctx: TorchContext) -> None:
+        """Give up on the value: the staging is reused once the stream has passed the copy."""
+        self.copy.release(self.done)
+        ctx.give_event(self.event)
+
+
+class _Pending:
+    __slots__ = ("keys", "late", "parts", "seq", "step")
+
+    def __init__(self, step: int, keys: tuple[str, ...] | None, parts: list[Any], seq: int) -> None:
         self.step = step
-        self.futures = futures
+        self.keys = keys  # a dict's keys, in order (None: one value)
+        self.parts = parts  # per value: an array (already on the host) or a _Landing
         self.seq = seq
         self.late = False
 
-    def each(self) -> list[FetchFuture]:
-        return list(self.futures.values()) if isinstance(self.futures, dict) else [self.futures]
+    def landed(self) -> bool:
+        for part in self.parts:
+            if type(part) is _Landing and not part.landed():
+                return False
+        return True
 
-    def is_done(self) -> bool:
-        return all(f.is_done for f in self.each())
+    def in_flight(self) -> list[_Landing]:
+        return [p for p in self.parts if type(p) is _Landing and not p.landed()]
 
 
 class MetricsLogger:
@@ -116,6 +167,7 @@ class MetricsLogger:
         if sink is not None and not callable(sink):
             raise TypeError(f"sink must be callable (or None), got {type(sink).__name__}")
         self._rt = rt
+        self._ctx = context(rt)
         self._lag = lag
         self._sink = sink
         self._name = name
@@ -149,19 +201,21 @@ class MetricsLogger:
     def log(self, step: int, value: Any) -> None:
         """Start copying ``value`` (a tensor, a dict of tensors, or plain numbers) and emit what is due.
 
-        Never blocks: it enqueues the copies (a D2H and an event on the value's
-        stream, a host function on the fetch stream) and checks which earlier
-        steps have landed. Exceptions of the sink propagate to the caller.
+        Never blocks: it enqueues the copies (per tensor a D2H and an event on its
+        stream) and checks whether the oldest due steps have landed (an event query
+        each). Exceptions of the sink propagate to the caller.
         """
         if self._closed:
             raise ValueError("this MetricsLogger is closed")
         if isinstance(value, Mapping):
-            futures: FetchFuture | dict[str, FetchFuture] = {str(k): self._start(v) for k, v in value.items()}
+            keys: tuple[str, ...] | None = tuple(map(str, value))
+            parts = self._start_all(list(value.values()))
         else:
-            futures = self._start(value)
+            keys, parts = None, [self._start(value)]
         self._seq += 1
-        self._pending.append(_Pending(int(step), futures, self._seq))
-        self._max_pending = max(self._max_pending, len(self._pending))
+        self._pending.append(_Pending(int(step), keys, parts, self._seq))
+        if len(self._pending) > self._max_pending:
+            self._max_pending = len(self._pending)
         self._emit()
 
     def poll(self) -> int:
@@ -172,27 +226,31 @@ class MetricsLogger:
         """Wait for every pending copy and emit everything, in step order (blocks; the GIL is released).
 
         Raises ``TimeoutError`` if a copy has not landed after ``timeout`` seconds
-        (what landed before it is emitted; the rest stays pending).
+        (what landed before it is emitted; the rest stays pending). Flush before the
+        runtime closes: values not yet copied out then raise ``ClosedError``.
         """
         while self._pending:
-            for fut in self._pending[0].each():
-                if not fut.is_done:
-                    self._blocking_waits += 1
-                    fut.wait(timeout)
+            for part in self._pending[0].in_flight():
+                self._blocking_waits += 1
+                if timeout is None:
+                    part.event.synchronize()
+                else:
+                    part.event.completion().wait(timeout)
+                part.done = True
             self._emit_head(delay=None)
 
     async def aflush(self) -> None:
         """:meth:`flush` for asyncio: awaits the copies without blocking the event loop."""
         while self._pending:
-            for fut in self._pending[0].each():
-                if not fut.is_done:
-                    await fut
+            for part in self._pending[0].in_flight():
+                await part.event
+                part.done = True
             self._emit_head(delay=None)
 
     def close(self) -> None:
         """Stop logging. Steps still pending are dropped (call :meth:`flush` first to keep them). Idempotent."""
         self._closed = True
-        self._pending.clear()
+        self._drop_pending()
 
     def __enter__(self) -> MetricsLogger:
         return self
@@ -204,6 +262,12 @@ class MetricsLogger:
                 self.flush()
         finally:
             self.close()
+
+    def __del__(self) -> None:
+        pending = getattr(self, "_pending", None)
+        if pending and not self._rt._closed:  # dropped unclosed with copies in flight: their staging goes back
+            self._rt.releaser.submit(_drop_all, self._ctx, list(pending))
+            pending.clear()
 
     def statistics(self) -> MetricsStatistics:
         return MetricsStatistics(
@@ -217,12 +281,33 @@ class MetricsLogger:
         )
 
     # -- internals ---------------------------------------------------------------------------------
-    def _start(self, value: Any) -> FetchFuture:
+    def _start_all(self, values: list[Any]) -> list[Any]:
+        parts: list[Any] = []
+        try:
+            for v in values:
+                parts.append(self._start(v))
+        except BaseException:
+            _drop_all(self._ctx, [_Pending(0, None, parts, 0)])
+            raise
+        return parts
+
+    def _start(self, value: Any) -> Any:
         if is_tensor(value):
-            return fetch(self._rt, value, self._stream)
+            ctx = self._ctx
+            got = start_copy(self._rt, ctx, value, self._stream, None)
+            if not isinstance(got, HostCopy):
+                return got
+            event = ctx.take_event()
+            try:
+                record(got.stream, event)
+            except BaseException:
+                got.release(False)
+                ctx.give_event(event)
+                raise
+            return _Landing(got, event)
         if isinstance(value, Completion):
             raise TypeError("log a tensor (or a number), not a future")
-        return _resolved(np.asarray(value), self._rt)
+        return np.asarray(value)
 
     def _emit(self) -> int:
         emitted = 0
@@ -232,7 +317,7 @@ class MetricsLogger:
             age = self._seq - head.seq
             if age < self._lag:
                 break
-            if not head.is_done():
+            if not head.landed():
                 if not head.late:
                     head.late = True
                     self._late += 1
@@ -243,10 +328,11 @@ class MetricsLogger:
 
     def _emit_head(self, *, delay: int | None) -> None:
         head = self._pending.popleft()
-        if isinstance(head.futures, dict):
-            value: Any = {k: _plain(f.result()) for k, f in head.futures.items()}
-        else:
-            value = _plain(head.futures.result())
+        ctx = self._ctx
+        values = []
+        for part in head.parts:
+            values.append(_plain(part.take(ctx) if type(part) is _Landing else part))
+        value: Any = values[0] if head.keys is None else dict(zip(head.keys, values))
         self._emitted += 1
         if delay is not None and delay > self._max_delay:
             self._max_delay = delay
@@ -257,6 +343,19 @@ class MetricsLogger:
             print(f"step {head.step}: {_format(self._name, value)}")
         elif sink is not None:
             sink(head.step, value)
+
+    def _drop_pending(self) -> None:
+        pending, self._pending = list(self._pending), collections.deque()
+        if pending and not self._rt._closed:
+            _drop_all(self._ctx, pending)
+
+
+def _drop_all(ctx: TorchContext, pending: list[_Pending]) -> None:
+    """Give back the staging and events of steps that will not be emitted."""
+    for head in pending:
+        for part in head.parts:
+            if type(part) is _Landing:
+                part.drop(ctx)
 
 
 def _plain(arr: np.ndarray) -> Any:

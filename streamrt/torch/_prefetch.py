@@ -20,6 +20,13 @@ For each batch taken from the iterable, on the calling thread:
 4. the staging block is released at once: the allocator reuses it only once
    the copy stream has passed the copy (the stream-tail keepalive).
 
+**Plans.** What steps 1 and 2 work out -- each leaf's offset, the block's size,
+each view's dtype, shape and strides -- depends only on the batch's structure
+and its leaves' dtypes and shapes. It is kept per Prefetcher, keyed by those
+(:class:`_Plan`, the last few), so batches of a repeating structure (a padded
+token budget) are staged with one allocation, one ``memmove`` per leaf, one
+copy, one event and one torch view per leaf.
+
 ``next()`` hands out the oldest staged batch: the consumer's stream (the
 ``device_stream``, default torch's current stream at the time of the call)
 waits for the batch's event -- on the device; the host does not wait -- and
@@ -49,7 +56,7 @@ Thread rules: consume a Prefetcher from one thread.
 from __future__ import annotations
 
 import collections
-import contextlib
+import ctypes
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -59,9 +66,9 @@ import numpy as np
 from .._stream import Stream
 from .._trace_labels import label
 from ._context import context
-from ._interop import tensor_buffer
-from ._lazy import is_tensor, numpy_to_torch_dtype, torch_module
-from ._tree import map_leaves
+from ._enqueue import H2D, copy, record
+from ._lazy import numpy_to_torch_dtype, torch_module
+from ._tree import flatten, unflatten
 
 if TYPE_CHECKING:
     from .._buffer import Buffer
@@ -71,6 +78,8 @@ if TYPE_CHECKING:
 __all__ = ["PrefetchStatistics", "Prefetcher"]
 
 _ALIGN = 256
+_MAX_PLANS = 8  # plans kept per Prefetcher (varlen batches of ever-new shapes make a plan each)
+_memmove = ctypes.memmove
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,7 @@ class PrefetchStatistics:
         staged_bytes: bytes copied to the device so far.
         host_waits: hand-offs where the host waited for a copy (only when torch
             computes on the host: the simulator with CPU torch).
+        plans: staging plans made (one per new batch structure, dtypes and shapes; the rest reused one).
     """
 
     staged: int
@@ -93,17 +103,56 @@ class PrefetchStatistics:
     max_in_flight: int
     staged_bytes: int
     host_waits: int
+    plans: int = 0
 
 
 class _Staged:
-    __slots__ = ("batch", "block", "event", "nbytes", "tensor")
+    __slots__ = ("batch", "block", "event", "tensor")
 
-    def __init__(self, batch: Any, event: Event, tensor: Any, block: Buffer | None, nbytes: int) -> None:
+    def __init__(self, batch: Any, event: Event, tensor: Any, block: Buffer | None) -> None:
         self.batch = batch
         self.event = event
         self.tensor = tensor  # the uint8 device tensor every staged leaf views (None: nothing staged)
         self.block = block  # simulator: the allocator block behind it
-        self.nbytes = nbytes
+
+
+class _Plan:
+    """How batches of one structure and leaf signature are staged.
+
+    ``copies``: per staged leaf with bytes, ``(value index, staging offset, nbytes, is numpy)``;
+    ``total``: the staging bytes; ``padded``: the device tensor's bytes (a multiple of 256, so every
+    dtype views it); ``views``: per staged leaf ``(value index, torch dtype, shape, strides, element
+    offset)``; ``dtypes``: the distinct dtypes.
+    """
+
+    __slots__ = ("copies", "dtypes", "padded", "total", "views")
+
+    def __init__(self, values: list[Any], tensor_type: Any, passes: list[bool]) -> None:
+        copies: list[tuple[int, int, int, bool]] = []
+        views: list[tuple[int, Any, tuple[int, ...], tuple[int, ...], int]] = []
+        total = 0
+        for i, value in enumerate(values):
+            if isinstance(value, np.ndarray):
+                dtype, itemsize, shape, is_numpy = numpy_to_torch_dtype(value.dtype), value.dtype.itemsize, tuple(value.shape), True
+            elif isinstance(value, tensor_type) and not passes[i]:
+                dtype, itemsize, shape, is_numpy = value.dtype, value.element_size(), tuple(value.shape), False
+            else:
+                continue
+            nbytes = itemsize * int(np.prod(shape, dtype=np.int64))
+            offset = -(-total // _ALIGN) * _ALIGN
+            if nbytes:
+                copies.append((i, offset, nbytes, is_numpy))
+            total = offset + nbytes
+            strides, step = [], 1
+            for d in reversed(shape):
+                strides.append(step)
+                step *= max(d, 1)
+            views.append((i, dtype, shape, tuple(reversed(strides)), offset // itemsize))
+        self.copies = tuple(copies)
+        self.views = tuple(views)
+        self.dtypes = tuple({v[1]: None for v in views})
+        self.total = total
+        self.padded = max(-(-total // _ALIGN) * _ALIGN, _ALIGN) if views else 0
 
 
 class Prefetcher(Iterator[Any]):
@@ -131,7 +180,7 @@ class Prefetcher(Iterator[Any]):
         for what, s in (("stream", stream), ("device_stream", device_stream)):
             if s is not None and (not isinstance(s, Stream) or s.runtime is not rt):
                 raise ValueError(f"{what} must be a streamrt Stream of this runtime (wrap torch streams with streamrt.torch.wrap_stream)")
-        torch_module()  # fail early without torch
+        self._tensor_type: Any = torch_module().Tensor  # (fails early without torch)
         self._rt = rt
         self._ctx = context(rt)
         self._it = iter(iterable)
@@ -141,6 +190,7 @@ class Prefetcher(Iterator[Any]):
         self._device_stream = device_stream
         self._queue: collections.deque[_Staged] = collections.deque()
         self._events: list[Event] = []  # idle events for reuse
+        self._plans: dict[Any, _Plan] = {}
         self._exhausted = False
         self._error: BaseException | None = None
         self._closed = False
@@ -149,6 +199,7 @@ class Prefetcher(Iterator[Any]):
         self._max_in_flight = 0
         self._staged_bytes = 0
         self._host_waits = 0
+        self._plans_made = 0
 
     @property
     def depth(self) -> int:
@@ -172,20 +223,22 @@ class Prefetcher(Iterator[Any]):
         ``ClosedError`` once the runtime is closed."""
         if self._closed:
             raise StopIteration
-        self._rt._check_open()
-        if not self._queue:
+        if self._rt._closed:
+            self._rt._check_open()
+        queue = self._queue
+        if not queue:
             self._fill()
-        if not self._queue:
-            error, self._error = self._error, None
-            if error is not None:
-                raise error
-            raise StopIteration
-        item = self._queue.popleft()
+            if not queue:
+                error, self._error = self._error, None
+                if error is not None:
+                    raise error
+                raise StopIteration
+        item = queue.popleft()
         self._fill()  # the next copies go in before the consumer enqueues its compute
-        consumer = self._device_stream if self._device_stream is not None else self._ctx.current_stream()
-        if self._ctx.host_computes and not item.event.is_done:
+        ctx = self._ctx
+        consumer = self._device_stream if self._device_stream is not None else ctx.current_stream()
+        if ctx.hand_off(item.event, consumer, item.tensor, item.block):
             self._host_waits += 1
-        self._ctx.hand_off(item.event, consumer, item.tensor, item.block)
         self._events.append(item.event)
         self._delivered += 1
         return item.batch
@@ -207,6 +260,7 @@ class Prefetcher(Iterator[Any]):
             max_in_flight=self._max_in_flight,
             staged_bytes=self._staged_bytes,
             host_waits=self._host_waits,
+            plans=self._plans_made,
         )
 
     def close(self) -> None:
@@ -221,6 +275,7 @@ class Prefetcher(Iterator[Any]):
         staged, self._queue = list(self._queue), collections.deque()
         events = [s.event for s in staged] + self._events
         self._events = []
+        self._plans = {}
         del staged
         if not self._rt.is_closed:
             for ev in events:
@@ -237,7 +292,8 @@ class Prefetcher(Iterator[Any]):
 
     # -- staging ------------------------------------------------------------------------------------
     def _fill(self) -> None:
-        while len(self._queue) < self._depth and not self._exhausted:
+        queue, depth = self._queue, self._depth
+        while len(queue) < depth and not self._exhausted:
             try:
                 host = next(self._it)
             except StopIteration:
@@ -247,85 +303,81 @@ class Prefetcher(Iterator[Any]):
                 self._exhausted = True
                 self._error = exc
                 break
-            self._queue.append(self._stage(host))
+            queue.append(self._stage(host))
             self._staged += 1
-            self._max_in_flight = max(self._max_in_flight, len(self._queue))
-
-    def _event(self) -> Event:
-        return self._events.pop() if self._events else self._rt.create_event()
+            if len(queue) > self._max_in_flight:
+                self._max_in_flight = len(queue)
 
     def _stage(self, host: Any) -> _Staged:
-        rt, ctx, stream = self._rt, self._ctx, self._stream
-        plan: list[tuple[np.ndarray, Any, tuple[int, ...], int]] = []  # (bytes, torch dtype, shape, offset)
-        staged_leaves: list[bool] = []  # per leaf, in visiting order: staged (else passed through)
-        total = 0
-
-        def collect(leaf: Any) -> Any:
-            nonlocal total
-            staged = _host_leaf(rt, leaf)
-            staged_leaves.append(staged is not None)
-            if staged is None:
-                return leaf
-            raw, dtype, shape = staged
-            offset = -(-total // _ALIGN) * _ALIGN
-            plan.append((raw, dtype, shape, offset))
-            total = offset + raw.nbytes
-            return leaf
-
-        map_leaves(host, collect)
-        tracing = rt._tracer is not None
-        with label("prefetch", None) if tracing else contextlib.nullcontext():
-            tensor, block = None, None
-            if plan:
-                staging = rt.host_allocator.allocate(total)
-                try:
-                    dst = staging.numpy(np.uint8)
-                    for raw, _dtype, _shape, offset in plan:
-                        dst[offset : offset + raw.nbytes] = raw
-                    tensor, block = ctx.empty(total, stream)
-                    device = block.view(0, total) if block is not None else tensor_buffer(rt, tensor)
-                    stream.copy(device, staging, total)
-                finally:
-                    staging.release()  # reused only once `stream` has passed the copy
-            event = stream.record(self._event())
-        self._staged_bytes += total
+        """Stage one batch: checks first (nothing is allocated for a batch that raises), then the plan's steps."""
+        values, structure = flatten(host)
+        tensor_type, passes_through = self._tensor_type, self._ctx.passes_through
+        signature: list[Any] = []
+        passes: list[bool] = []
+        for value in values:
+            if isinstance(value, tensor_type):
+                through = passes_through(value)
+                if not through and not value.is_cpu:
+                    raise TypeError(f"cannot prefetch a tensor on {value.device}")
+                signature.append(True if through else (value.dtype, value.shape))
+                passes.append(through)
+            else:
+                signature.append(("np", value.dtype, value.shape) if isinstance(value, np.ndarray) else None)
+                passes.append(False)
+        key = (structure, tuple(signature))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._new_plan(key, values, passes)
+        rt = self._rt
+        if rt._tracer is not None:
+            with label("prefetch", None):
+                tensor, block, event = self._enqueue(plan, values)
+        else:
+            tensor, block, event = self._enqueue(plan, values)
+        self._staged_bytes += plan.total
         if tensor is None:
-            return _Staged(host, event, None, None, 0)
-        views = iter([_typed_view(tensor[off : off + raw.nbytes], dtype, shape) for raw, dtype, shape, off in plan])
-        staged_flags = iter(staged_leaves)
-        batch = map_leaves(host, lambda leaf: next(views) if next(staged_flags) else leaf)
-        return _Staged(batch, event, tensor, block, total)
+            return _Staged(host, event, None, None)
+        typed = {}
+        for dtype in plan.dtypes:
+            typed[dtype] = tensor.view(dtype)
+        for i, dtype, shape, strides, offset in plan.views:
+            values[i] = typed[dtype].as_strided(shape, strides, offset)
+        return _Staged(unflatten(structure, values), event, tensor, block)
 
+    def _new_plan(self, key: Any, values: list[Any], passes: list[bool]) -> _Plan:
+        plans = self._plans
+        if len(plans) >= _MAX_PLANS:
+            del plans[next(iter(plans))]  # the oldest
+        plan = plans[key] = _Plan(values, self._tensor_type, passes)
+        self._plans_made += 1
+        return plan
 
-def _typed_view(raw: Any, dtype: Any, shape: tuple[int, ...]) -> Any:
-    """The uint8 tensor ``raw`` viewed as ``dtype`` and ``shape`` (one torch call for a 1-D leaf)."""
-    typed = raw.view(dtype)
-    return typed if len(shape) == 1 else typed.view(shape)
-
-
-def _passes_through(rt: Runtime, leaf: Any) -> bool:
-    """A leaf already in device memory (a CUDA tensor, or a simulator-aliased CPU tensor)."""
-    if not is_tensor(leaf):
-        return False
-    if leaf.is_cuda:
-        return True
-    ptr = int(leaf.data_ptr())
-    return bool(ptr) and rt.capabilities.is_simulated and rt.backend.pointer_kind(ptr).value == "device"
-
-
-def _host_leaf(rt: Runtime, leaf: Any) -> tuple[np.ndarray, Any, tuple[int, ...]] | None:
-    """``(bytes, torch dtype, shape)`` of a host leaf to stage, or ``None`` for a leaf passed through."""
-    if isinstance(leaf, np.ndarray):
-        arr = np.ascontiguousarray(leaf)
-        return arr.reshape(-1).view(np.uint8), numpy_to_torch_dtype(arr.dtype), tuple(arr.shape)
-    if _passes_through(rt, leaf):
-        return None
-    if leaf.device.type != "cpu":
-        raise TypeError(f"cannot prefetch a tensor on {leaf.device}")
-    torch = torch_module()
-    t = leaf.detach() if leaf.requires_grad else leaf
-    if not t.is_contiguous():
-        t = t.contiguous()
-    # numpy does the reshaping (a torch call costs microseconds); it has no bfloat16: read its bits as int16
-    arr = t.view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
-    return arr.reshape(-1).view(np.uint8), t.dtype, arr.shape
+    def _enqueue(self, plan: _Plan, values: list[Any]) -> tuple[Any, Buffer | None, Event]:
+        """Pack the leaves into staging, allocate the device block, enqueue the copy and the event."""
+        stream = self._stream
+        tensor, block = None, None
+        if plan.views:
+            total = plan.total
+            staging = self._rt._host_allocator.allocate(total) if total else None
+            try:
+                if staging is not None:
+                    base = staging._ptr
+                    for i, offset, nbytes, is_numpy in plan.copies:
+                        value = values[i]
+                        if is_numpy:
+                            value = np.ascontiguousarray(value)
+                            _memmove(base + offset, value.ctypes.data, nbytes)
+                        else:
+                            if not value.is_contiguous():
+                                value = value.detach().contiguous()
+                            _memmove(base + offset, value.data_ptr(), nbytes)
+                tensor, address, block = self._ctx.device_block(plan.padded, stream)
+                if staging is not None:
+                    copy(stream, address, base, total, H2D)
+                    staging.note_stream(stream)  # released at the tail: reused once the stream has passed the copy
+            finally:
+                if staging is not None:
+                    staging.release()
+        events = self._events
+        event = record(stream, events.pop() if events else self._rt.create_event())
+        return tensor, block, event

@@ -16,7 +16,7 @@ from streamrt._cli import main
 from streamrt._cli.bench import SKIP_STATUS
 
 SUITE = REPO / "demos" / "bench"
-TORCH_BENCHMARKS = ("train_loop_bench", "train_loop_breakdown")
+TORCH_BENCHMARKS = ("train_loop_bench", "train_loop_breakdown", "helper_calls", "helper_costs")
 
 GOOD = """
 import argparse, json

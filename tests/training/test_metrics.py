@@ -87,3 +87,17 @@ def test_logger_arguments_and_close(trt: srt.Runtime) -> None:
     assert logger.pending == 0
     with pytest.raises(ValueError, match="closed"):
         logger.log(1, torch.tensor(1.0))
+
+
+def test_values_pending_when_the_runtime_closes_raise_closed_error() -> None:
+    """The logger copies values out on the logging thread: once the runtime (and its pinned staging) is
+    gone, what was not copied out raises ClosedError instead of being read from freed memory."""
+    rt = srt.open_runtime("sim")
+    logger = st.MetricsLogger(rt, lag=3, sink=None)
+    for step in range(2):
+        logger.log(step, on_device(rt, torch.tensor(1.0)))
+    rt.close()
+    with pytest.raises(srt.ClosedError):
+        logger.flush()
+    logger.close()
+    assert logger.pending == 0
