@@ -16,8 +16,8 @@ import pytest
 
 import streamrt as srt
 from streamrt._backends import hip as hip_backend
-from streamrt._backends.hip import _codes, _loading
 from streamrt._backends import load_backend
+from streamrt._backends.hip import _codes, _loading
 from streamrt._errors import BackendError, BackendUnavailableError, CaptureError, OutOfMemoryError
 
 _INSTALL_HINT = "pip install 'streamrt[hip]'"
