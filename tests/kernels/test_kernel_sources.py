@@ -134,7 +134,7 @@ def test_pyproject_lists_every_python_package_of_the_tree() -> None:
 def _nvrtc_or_skip() -> None:
     if importlib.util.find_spec("cuda") is None or importlib.util.find_spec("cuda.bindings") is None:
         pytest.skip("cuda-bindings is not installed (NVRTC)")
-    from streamrt._backends.cuda import _nvrtc
+    from streamrt._backends.cuda._compile import _nvrtc
     from streamrt._errors import BackendUnavailableError
 
     try:

@@ -8,7 +8,6 @@ case), so this file runs everywhere.
 from __future__ import annotations
 
 import importlib
-import inspect
 import os
 import subprocess
 import sys
@@ -20,7 +19,8 @@ from typing import Any
 import pytest
 
 from streamrt._backends import cuda as cuda_backend
-from streamrt._backends.protocol import Backend, CaptureMode, MemcpyKind, PointerKind
+from streamrt._backends.cuda import _codes, _compile, _loading, _memory
+from streamrt._backends.protocol import CaptureMode, MemcpyKind, PointerKind
 from streamrt._errors import (
     BackendError,
     BackendUnavailableError,
@@ -143,50 +143,21 @@ def test_importing_the_backend_module_does_not_import_cuda_bindings() -> None:
     assert done.returncode == 0, done.stderr
 
 
-# -- the protocol ---------------------------------------------------------------------------------
-
-
-def _protocol_methods() -> dict[str, inspect.Signature]:
-    return {
-        name: inspect.signature(member)
-        for name, member in vars(Backend).items()
-        if inspect.isfunction(member) and not name.startswith("_")
-    }
-
-
-def _shape(sig: inspect.Signature) -> list[tuple[str, Any, bool]]:
-    return [(p.name, p.kind, p.default is inspect.Parameter.empty) for p in sig.parameters.values()]
-
-
-def test_cuda_backend_has_every_protocol_method_with_matching_parameters() -> None:
-    methods = _protocol_methods()
-    assert len(methods) > 30  # the protocol is the big one, not an empty class
-    mismatched = {}
-    for name, expected in methods.items():
-        actual = getattr(cuda_backend.CudaBackend, name, None)
-        assert callable(actual), f"CudaBackend lacks {name}"
-        got = inspect.signature(actual)
-        if _shape(got) != _shape(expected):
-            mismatched[name] = (str(got), str(expected))
-    assert not mismatched, mismatched
-    assert cuda_backend.CudaBackend.name == "cuda"
-
-
 # -- error mapping (runtime error names are static; no driver needed) -------------------------------
 
 
 @needs_bindings
 def test_check_passes_success_through() -> None:
     rt = importlib.import_module("cuda.bindings.runtime")
-    cuda_backend._check(rt.cudaError_t.cudaSuccess, "cudaMalloc")  # must not raise
-    cuda_backend._check(0, "cudaMalloc")
+    _codes._check(rt.cudaError_t.cudaSuccess, "cudaMalloc")  # must not raise
+    _codes._check(0, "cudaMalloc")
 
 
 @needs_bindings
 def test_check_raises_backend_error_with_code_name_message_and_call() -> None:
     rt = importlib.import_module("cuda.bindings.runtime")
     with pytest.raises(BackendError) as info:
-        cuda_backend._check(rt.cudaError_t.cudaErrorInvalidValue, "cudaMemsetAsync")
+        _codes._check(rt.cudaError_t.cudaErrorInvalidValue, "cudaMemsetAsync")
     error = info.value
     assert (error.backend, error.code, error.name, error.call) == (
         "cuda",
@@ -201,7 +172,7 @@ def test_check_raises_backend_error_with_code_name_message_and_call() -> None:
 def test_check_turns_allocation_failure_into_out_of_memory_with_the_request() -> None:
     rt = importlib.import_module("cuda.bindings.runtime")
     with pytest.raises(OutOfMemoryError) as info:
-        cuda_backend._check(rt.cudaError_t.cudaErrorMemoryAllocation, "cudaMalloc", requested=1 << 40)
+        _codes._check(rt.cudaError_t.cudaErrorMemoryAllocation, "cudaMalloc", requested=1 << 40)
     error = info.value
     assert isinstance(error, MemoryError)
     assert (error.backend, error.code, error.requested) == ("cuda", 2, 1 << 40)
@@ -227,7 +198,7 @@ def test_check_turns_capture_codes_into_capture_error_from_the_backend_error(nam
     rt = importlib.import_module("cuda.bindings.runtime")
     code = getattr(rt.cudaError_t, name)
     with pytest.raises(CaptureError) as info:
-        cuda_backend._check(code, "cudaStreamEndCapture")
+        _codes._check(code, "cudaStreamEndCapture")
     cause = info.value.__cause__
     assert isinstance(cause, BackendError)
     assert (cause.name, cause.code, cause.call) == (name, int(code), "cudaStreamEndCapture")
@@ -237,14 +208,14 @@ def test_check_turns_capture_codes_into_capture_error_from_the_backend_error(nam
 @needs_bindings
 def test_driver_check_maps_names_without_calling_the_driver() -> None:
     with pytest.raises(OutOfMemoryError) as oom:
-        cuda_backend._check_driver(2, "cuMemAlloc", requested=64)
+        _codes._check_driver(2, "cuMemAlloc", requested=64)
     assert (oom.value.code, oom.value.requested) == (2, 64)
     with pytest.raises(CaptureError) as capture:
-        cuda_backend._check_driver(901, "cuLaunchHostFunc")
+        _codes._check_driver(901, "cuLaunchHostFunc")
     assert isinstance(capture.value.__cause__, BackendError)
     assert capture.value.__cause__.name == "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"
     with pytest.raises(BackendError) as other:
-        cuda_backend._check_driver(1, "cuLaunchKernel")
+        _codes._check_driver(1, "cuLaunchKernel")
     assert (other.value.name, other.value.call) == ("CUDA_ERROR_INVALID_VALUE", "cuLaunchKernel")
 
 
@@ -269,7 +240,7 @@ class _FakeLaunchHostFunc:
 def driverless(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[cuda_backend.CudaBackend, _FakeLaunchHostFunc]]:
     """A CudaBackend on the real bindings, with no driver behind them and a fake cuLaunchHostFunc."""
     fake = _FakeLaunchHostFunc()
-    monkeypatch.setattr(cuda_backend, "_load_libcuda", lambda: types.SimpleNamespace(cuLaunchHostFunc=fake))
+    monkeypatch.setattr(_loading, "_load_libcuda", lambda: types.SimpleNamespace(cuLaunchHostFunc=fake))
     backend = cuda_backend.CudaBackend()
     yield backend, fake
     backend.close()
@@ -337,7 +308,7 @@ def test_allocation_without_a_driver_is_not_reported_as_out_of_memory(driverless
 @needs_bindings
 def test_error_name_and_string_come_from_the_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        cuda_backend, "_load_libcuda", lambda: types.SimpleNamespace(cuLaunchHostFunc=_FakeLaunchHostFunc())
+        _loading, "_load_libcuda", lambda: types.SimpleNamespace(cuLaunchHostFunc=_FakeLaunchHostFunc())
     )
     backend = cuda_backend.CudaBackend()
     assert backend.error_name(2) == "cudaErrorMemoryAllocation"
@@ -351,7 +322,7 @@ def test_error_name_and_string_come_from_the_runtime(monkeypatch: pytest.MonkeyP
 
 def _nvrtc_reason() -> str | None:
     try:
-        cuda_backend._nvrtc()
+        _compile._nvrtc()
     except Exception as exc:
         return f"NVRTC is not loadable here: {exc}"
     return None
@@ -401,4 +372,4 @@ def test_nvrtc_keeps_an_architecture_the_caller_chose() -> None:
 
 
 def test_pointer_kinds_cover_every_cuda_memory_type() -> None:
-    assert set(cuda_backend._POINTER_KINDS.values()) == set(PointerKind)
+    assert set(_memory._POINTER_KINDS.values()) == set(PointerKind)

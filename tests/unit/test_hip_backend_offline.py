@@ -17,6 +17,7 @@ import pytest
 import streamrt as srt
 from streamrt._backends import hip as hip_backend
 from streamrt._backends import load_backend
+from streamrt._backends.hip import _codes, _loading
 from streamrt._errors import BackendError, BackendUnavailableError, CaptureError, OutOfMemoryError
 
 _INSTALL_HINT = "pip install 'streamrt[hip]'"
@@ -62,7 +63,7 @@ def test_open_runtime_hip_raises_unavailable_when_hip_is_missing() -> None:
 
 
 def test_missing_hip_python_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hip_backend, "_hip_python_installed", lambda: False)
+    monkeypatch.setattr(_loading, "_hip_python_installed", lambda: False)
     reason = hip_backend.probe()
     assert reason is not None
     assert "hip-python is not installed" in reason and _INSTALL_HINT in reason
@@ -129,8 +130,8 @@ def _fake_hip(device_count: object) -> types.SimpleNamespace:
 @pytest.fixture
 def fake_hip(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.SimpleNamespace]:
     fake = _fake_hip((_FakeHipError.hipSuccess, 1))
-    monkeypatch.setattr(hip_backend, "_hip_python_installed", lambda: True)
-    monkeypatch.setattr(hip_backend, "_hip", fake)
+    monkeypatch.setattr(_loading, "_hip_python_installed", lambda: True)
+    monkeypatch.setattr(_loading, "_hip", fake)
     yield fake
 
 
@@ -157,13 +158,13 @@ def test_zero_devices_is_reported(fake_hip: types.SimpleNamespace) -> None:
 
 
 def test_check_passes_success(fake_hip: types.SimpleNamespace) -> None:
-    hip_backend._check(_FakeHipError.hipSuccess, "hipStreamQuery")
-    hip_backend._check(0, "hipStreamQuery")
+    _codes._check(_FakeHipError.hipSuccess, "hipStreamQuery")
+    _codes._check(0, "hipStreamQuery")
 
 
 def test_check_raises_backend_error_with_code_name_and_call(fake_hip: types.SimpleNamespace) -> None:
     with pytest.raises(BackendError) as info:
-        hip_backend._check(_FakeHipError.hipErrorInvalidHandle, "hipStreamDestroy")
+        _codes._check(_FakeHipError.hipErrorInvalidHandle, "hipStreamDestroy")
     err = info.value
     assert (err.backend, err.code, err.name, err.call) == ("hip", 400, "hipErrorInvalidHandle", "hipStreamDestroy")
     assert "invalid resource handle" in str(err)
@@ -172,7 +173,7 @@ def test_check_raises_backend_error_with_code_name_and_call(fake_hip: types.Simp
 
 def test_check_turns_out_of_memory_into_out_of_memory_error(fake_hip: types.SimpleNamespace) -> None:
     with pytest.raises(OutOfMemoryError) as info:
-        hip_backend._check(_FakeHipError.hipErrorOutOfMemory, "hipMalloc", requested=1 << 40)
+        _codes._check(_FakeHipError.hipErrorOutOfMemory, "hipMalloc", requested=1 << 40)
     err = info.value
     assert isinstance(err, MemoryError)
     assert (err.backend, err.code, err.requested) == ("hip", 2, 1 << 40)
@@ -181,7 +182,7 @@ def test_check_turns_out_of_memory_into_out_of_memory_error(fake_hip: types.Simp
 
 def test_check_turns_capture_errors_into_capture_error(fake_hip: types.SimpleNamespace) -> None:
     with pytest.raises(CaptureError) as info:
-        hip_backend._check(_FakeHipError.hipErrorStreamCaptureInvalidated, "hipStreamEndCapture")
+        _codes._check(_FakeHipError.hipErrorStreamCaptureInvalidated, "hipStreamEndCapture")
     cause = info.value.__cause__
     assert isinstance(cause, BackendError)
     assert (cause.code, cause.name) == (901, "hipErrorStreamCaptureInvalidated")
