@@ -84,11 +84,12 @@ from ._kernelcalls import KernelCalls
 from ._memcalls import MemoryCalls
 from ._ops import OpRecord
 from ._profile import SimProfile
+from ._user_objects import SimUserObjects
 
 __all__ = ["SimBackend"]
 
 
-class SimBackend(MemoryCalls, GraphCalls, KernelCalls):
+class SimBackend(SimUserObjects, MemoryCalls, GraphCalls, KernelCalls):
     """The simulated device. Create it with ``streamrt._backends.sim.create(...)``.
 
     Implements every method of :class:`~streamrt._backends.protocol.Backend`
