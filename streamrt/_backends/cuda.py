@@ -34,6 +34,7 @@ from typing import Any
 
 from .._errors import BackendError, CaptureError, KernelCompileError, OutOfMemoryError
 from . import unavailable
+from ._cuda_user_objects import CudaUserObjects
 from .protocol import Capabilities, CaptureMode, MemcpyKind, PointerKind
 
 __all__ = ["CudaBackend", "MIN_CUDA_BINDINGS", "create", "nvrtc_compile", "probe", "share_key"]
@@ -420,7 +421,7 @@ def _not_a_signal(address: int, call: str) -> BackendError:
     return BackendError("cuda", _CUDA_ERROR_INVALID_VALUE, "cudaErrorInvalidValue", message, call)
 
 
-class CudaBackend:
+class CudaBackend(CudaUserObjects):
     """The :class:`~streamrt._backends.protocol.Backend` primitives on CUDA.
 
     Requires cuda-bindings >= 12.9.1 (or 13.x): from that version every binding

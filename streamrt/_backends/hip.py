@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import BackendError, CaptureError, KernelCompileError, OutOfMemoryError, StreamRTError
 from . import unavailable
+from ._hip_user_objects import HipUserObjects
 from .protocol import Capabilities, CaptureMode, MemcpyKind, PointerKind, priority_clamp
 
 __all__ = [
@@ -316,7 +317,7 @@ def create(**options: Any) -> HipBackend:
     return HipBackend()
 
 
-class HipBackend:
+class HipBackend(HipUserObjects):
     """The :class:`~streamrt._backends.protocol.Backend` primitives on HIP. Create with :func:`create`."""
 
     name = "hip"
