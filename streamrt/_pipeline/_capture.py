@@ -10,7 +10,9 @@ host functions' errors; keepalives (buffers, callables, arguments, host slots,
 the allocators' capture pools) live until ``graph.close()`` and the last
 replay. While the block runs the stream carries a :class:`CaptureSession` that
 collects them; allocations on the stream come from capture pools entered for
-the block.
+the block, so a staging buffer allocated and released in the block keeps its
+memory for the graph (a buffer released by the end of the block is not
+checked at launch; one released later is, as for ``Pipeline.capture``).
 
 A failure inside the block (an exception, or a capture the backend
 invalidated) ends the capture, destroys what was captured, closes the host
@@ -157,9 +159,11 @@ class StreamCapture:
             if exc is None and failure is not None:
                 raise CaptureError(f"capturing {self._name!r} failed: {failure}") from failure
             return
+        # Buffers released in the block came from its capture pools (which keep their memory for the
+        # graph) or were the caller's to keep: replays check the others for release.
+        live = tuple(b for b in session.buffers if not b.base.is_released)
         state = _GraphState(
-            self._name, rt, exec_handle, session.slots, [], (),
-            keep=tuple(session.keep), buffers=tuple(session.buffers), pools=tuple(self._pools),
+            self._name, rt, exec_handle, session.slots, [], (), keep=(*session.keep, *session.buffers), buffers=live, pools=tuple(self._pools)
         )
         session.graph._captured(state)
 
