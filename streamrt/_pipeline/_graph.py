@@ -3,7 +3,9 @@
 ``Pipeline.capture(stream)`` records the pipeline into a backend graph
 (``stream_begin_capture`` … ``stream_end_capture`` → ``graph_instantiate``) and
 returns a :class:`Graph`. Each :meth:`Graph.launch` replays the executable
-graph on a stream and returns a :class:`~streamrt.Run`.
+graph on a stream and returns a :class:`~streamrt.Run`. ``with stream.capture()``
+(:mod:`._capture`) makes the same Graph from whatever a block enqueued on a
+stream (no pipeline behind it: it cannot be rebound with :meth:`Graph.update`).
 
 Lifetime. A Graph owns its executable graph, one host slot per Python host
 node (see :mod:`streamrt._hostcall`: the captured host node wakes the slot's
