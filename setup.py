@@ -1,4 +1,4 @@
-"""The two optional C extensions; everything else about the package is in pyproject.toml.
+"""The three optional C extensions; everything else about the package is in pyproject.toml.
 
 They are declared here because setuptools' ``[tool.setuptools.ext-modules]`` tables
 in pyproject.toml are still experimental (pip install warns about them).
@@ -16,5 +16,8 @@ setup(
         # The FMHA backward workspace pack as a native host function
         # (streamrt.recipes.fmha_bwd.native); without it pack="native" is refused.
         Extension("streamrt.recipes.fmha_bwd._pack_c", ["streamrt/recipes/fmha_bwd/_pack_c.c"], optional=True),
+        # The native destructor of user objects that tie keepalives to graphs other libraries
+        # capture (streamrt._graph_release); without it such a capture is refused (CaptureError).
+        Extension("streamrt._graph_release_c", ["streamrt/_graph_release_c.c"], optional=True),
     ],
 )

@@ -509,15 +509,24 @@ class HostSlot(_Worker):
     contents of the buffers it was given. A replay that nobody armed (a raw
     ``graph_launch``) still runs ``fn``; its exception is logged.
     The rules of :mod:`streamrt._hostcall` for ``fn`` apply.
+
+    ``foreign``: the slot was captured into a graph another library owns
+    (see :mod:`streamrt._graph_release`). Nobody arms its replays; it lives
+    until that graph is destroyed, which may be after its engine closed (the
+    engine does not stop it), and it keeps the switch interval lowered for
+    as long (every replay runs Python while the stream waits).
     """
 
-    def __init__(self, engine: CompletionEngine, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    def __init__(self, engine: CompletionEngine, fn: Callable[..., Any], args: tuple[Any, ...], *, foreign: bool = False) -> None:
         super().__init__(engine, f"streamrt-slot-{next(_slot_ids)}")
         if not callable(fn):
             raise TypeError(f"host slot function must be callable, got {type(fn).__name__}")
         self._fn = fn
         self._args = tuple(args)
         self.closed = False
+        self.foreign = foreign
+        if foreign:
+            engine._python_call_started()
 
     @property
     def fn(self) -> Callable[..., Any]:
@@ -566,6 +575,8 @@ class HostSlot(_Worker):
         self.wait_idle(None)
         self.stop(forced=False, join_timeout=None)
         self._engine._forget_slot(self)
+        if self.foreign:
+            self._engine._python_call_finished()
 
     def _check_open(self) -> None:
         if self.closed:

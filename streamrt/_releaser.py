@@ -75,6 +75,7 @@ class Releaser:
             except BaseException as exc:  # keep going: one bad free must not leak the rest
                 self.errors.append(exc)
             finally:
+                del fn, args  # what a release held goes now, not when the next one arrives
                 with cond:
                     self._busy = 0
                     cond.notify_all()

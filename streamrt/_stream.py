@@ -5,12 +5,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Callable
 
-from ._backends.protocol import MemcpyKind
+from ._backends.protocol import CaptureMode, MemcpyKind
 from ._buffer import DEVICE, HOST, PAGEABLE, Buffer, check_size, wrap_foreign
 from ._completion import refuse_blocking_wait
-from ._errors import ClosedError
+from ._errors import CaptureError, ClosedError
 from ._event import Event
 from ._extensions import hook
 from ._interop import stream_protocol, wait_foreign
@@ -18,6 +19,7 @@ from ._peer import check_peer_buffer, peer_copy
 
 if TYPE_CHECKING:
     from ._completion import Completion
+    from ._pipeline import Graph
     from ._runtime import Runtime
 
 __all__ = ["Stream", "holding", "native_function_address"]
@@ -103,7 +105,7 @@ class Stream:
 
     __slots__ = (
         "_runtime", "_backend", "_handle", "_priority", "_owned", "_closed", "_released", "_name", "_foreign",
-        "_lane", "_lock", "__weakref__",
+        "_lane", "_lock", "_capture", "__weakref__",
     )
 
     def __init__(self, runtime: Runtime, handle: int, *, priority: int = 0, owned: bool, name: str | None = None, foreign: Any = None) -> None:
@@ -118,6 +120,7 @@ class Stream:
         self._lock = self._lane.lock
         self._name = name or f"stream-0x{handle:x}"
         self._foreign = foreign  # keeps a wrapped torch/cupy stream object alive
+        self._capture: Any = None  # the CaptureSession of a `with stream.capture()` block in progress
 
     # -- properties ---------------------------------------------------------------
     @property
@@ -159,6 +162,8 @@ class Stream:
         """``True`` when all work enqueued so far has completed. Non-blocking."""
         with self._lock:
             self._check_open()
+            if self._capture is not None:
+                self._refuse_in_capture("is_idle")
             return self._backend.stream_query(self._handle)
 
     # -- memory operations ----------------------------------------------------------
@@ -180,6 +185,8 @@ class Stream:
             if self._closed:
                 self._check_open()
             self._backend.memset_async(buf._ptr, value, n, self._handle)
+            if self._capture is not None:
+                self._capture.used(buf)
         buf.note_stream(self)
 
     def copy(self, dst: Any, src: Any, nbytes: int | None = None) -> None:
@@ -220,6 +227,8 @@ class Stream:
             if self._closed:
                 self._check_open()
             self._backend.memcpy_async(d._ptr, s._ptr, n, kind, self._handle)
+            if self._capture is not None:
+                self._capture.used(d, s)
         d.note_stream(self)
         s.note_stream(self)
 
@@ -280,8 +289,12 @@ class Stream:
             if self._closed:
                 self._check_open()
             if address is None:
-                return runtime._engine.host_call(self._handle, fn, args, backend=self._backend)
+                if self._capture is not None or self._backend.stream_is_capturing(self._handle):
+                    return hook("capture_host_func")(self, fn, args)  # type: ignore[no-any-return]
+                return runtime._engine.host_call(self._handle, fn, args, capture_checked=True, backend=self._backend)
             self._backend.launch_host_func(self._handle, address, user_data)
+            if self._capture is not None:
+                self._capture.used(fn, *args)
         return None
 
     # -- kernels --------------------------------------------------------------------------------
@@ -316,6 +329,8 @@ class Stream:
                 self._check_open()
             self._backend.event_record(event._handle, self._handle)
             event._recorded_on = self._handle
+            if self._capture is not None:
+                self._capture.used(event)
         return event
 
     def wait(self, event: Any) -> None:
@@ -341,6 +356,8 @@ class Stream:
             if self._closed:
                 self._check_open()
             self._backend.stream_wait_event(self._handle, event._handle)
+            if self._capture is not None:
+                self._capture.used(event)
 
     def __cuda_stream__(self) -> tuple[int, int]:
         """``(0, handle)``: the CUDA stream protocol, so cuda.core, numba-cuda and torch take this stream.
@@ -372,6 +389,8 @@ class Stream:
         refuse_blocking_wait("stream.synchronize()")
         with self._lock:
             self._check_open()
+            if self._capture is not None:
+                self._refuse_in_capture("synchronize")
             self._backend.stream_synchronize(self._handle)
 
     def wait_idle(self) -> Completion:
@@ -381,7 +400,34 @@ class Stream:
         """
         with self._lock:
             self._check_open()
+            if self._capture is not None:
+                self._refuse_in_capture("wait_idle")
             return self._runtime._engine.completion_for_stream(self._handle)
+
+    # -- graph capture -----------------------------------------------------------------------------
+    def capture(self, *, mode: CaptureMode | int = CaptureMode.THREAD_LOCAL, name: str | None = None) -> AbstractContextManager[Graph]:
+        """``with stream.capture() as graph:`` records the streamrt work enqueued on this stream in the
+        block (stream ops, host functions, pipeline and kernel launches) into ``graph``; nothing runs.
+
+        After the block, ``graph.launch(stream)`` replays it and returns a Run
+        (host functions re-run on every replay; their errors reach the Run);
+        the graph keeps what its work uses alive until ``graph.close()`` and
+        its last replay. Calls recorded in the block return a Run or
+        Completion that is done at once with a ``CaptureError`` (nothing ran).
+        Allocations on this stream in the block come from the allocators'
+        capture pools and live as long as the graph. ``mode``: the backend's
+        capture mode (thread-local by default). An exception in the block, or
+        a capture the backend invalidated, ends the capture, frees what was
+        captured and leaves the stream usable (a failed end raises
+        ``CaptureError``); ``graph`` is then closed. ``synchronize``,
+        ``wait_idle`` and ``is_idle`` raise ``CaptureError`` in the block.
+        Raises ``CaptureError`` at once if the stream is already capturing.
+        See docs/pipelines.md.
+        """
+        return hook("stream_capture")(self, mode, name)  # type: ignore[no-any-return]
+
+    def _refuse_in_capture(self, what: str) -> None:
+        raise CaptureError(f"stream.{what}() inside {self._name}.capture(): the work is being captured, not run")
 
     # -- lifetime ---------------------------------------------------------------------------------
     def close(self) -> None:

@@ -255,6 +255,39 @@ class Backend(Protocol):
     def graph_exec_destroy(self, graph_exec: int) -> None: ...
     def graph_destroy(self, graph: int) -> None: ...
 
+    # -- captures others began, and user objects -----------------------------------------
+    def stream_capture_graph(self, stream: int) -> int:
+        """The graph ``stream`` is capturing into (``cuStreamGetCaptureInfo`` /
+        ``hipStreamGetCaptureInfo_v2``); ``0`` when it is not capturing.
+
+        Works for a capture begun by anyone, on ``stream`` or on a stream it
+        joined by an event wait. The handle is valid until that capture ends.
+        Raises ``CaptureError`` when the capture has been invalidated.
+        """
+        ...
+
+    def user_object_create(self, destructor: int, user_data: int) -> int:
+        """A user object holding one reference: the native ``void fn(void*)`` at ``destructor`` is
+        called with ``user_data`` on a driver thread once its last reference is gone.
+
+        ``cuUserObjectCreate(..., CU_USER_OBJECT_NO_DESTRUCTOR_SYNC)`` /
+        ``hipUserObjectCreate``. The destructor must not call the backend.
+        """
+        ...
+
+    def graph_retain_user_object(self, graph: int, user_object: int) -> None:
+        """Move the caller's one reference to ``user_object`` into ``graph`` (``cudaGraphUserObjectMove``).
+
+        The graph and every executable graph instantiated from it then hold it;
+        it is released once all of them are destroyed and their launches have
+        finished. On failure the caller still owns its reference.
+        """
+        ...
+
+    def user_object_release(self, user_object: int) -> None:
+        """Drop one reference the caller owns (the destructor runs when it was the last)."""
+        ...
+
     # -- kernels -------------------------------------------------------------------
     def compiler_version(self) -> str:
         """Version string of the runtime compiler (nvrtc / hiprtc / the simulator's twins)."""

@@ -51,6 +51,7 @@ _LIBRARIES: tuple[tuple[str, str, str, str], ...] = (
 # The optional C extensions (built by pip install where a C compiler is found).
 FASTPATH_MODULE = "allocators._fastpath_c"
 PACK_MODULE = "streamrt.recipes.fmha_bwd._pack_c"
+RELEASE_MODULE = "streamrt._graph_release_c"
 
 # Device files and tools that show whether GPU hardware and a driver are installed at all.
 _HARDWARE_HINTS: tuple[tuple[str, str, str], ...] = (
@@ -298,6 +299,11 @@ def diagnose(*, backends: tuple[str, ...] = BACKEND_NAMES) -> DoctorReport:
         # (`from . import _pack_c` inside the package's initialisation): say what is really wrong.
         why = native_module_problem(PACK_MODULE) or pack_reason
         notes.append(f"the FMHA workspace recipe has no native pack ({why}): pack='native' is refused; {rebuild}")
+    from .._graph_release import unavailable_reason as release_unavailable
+
+    if release_unavailable() is not None:
+        why = native_module_problem(RELEASE_MODULE) or f"{RELEASE_MODULE} did not load"
+        notes.append(f"work cannot be recorded into captures other libraries begin ({why}): it is refused with CaptureError; {rebuild}")
     try:
         numpy_version = importlib.metadata.version("numpy")
     except importlib.metadata.PackageNotFoundError:

@@ -142,14 +142,18 @@ class _HostCalls:
             if keepalive is not None:
                 self.completion_for_stream(stream, keepalive=keepalive)
 
-    def host_slot(self, fn: Callable[..., Any], args: tuple[Any, ...] = ()) -> HostSlot:
+    def host_slot(self, fn: Callable[..., Any], args: tuple[Any, ...] = (), *, foreign: bool = False) -> HostSlot:
         """A captured Python host node for a graph; see :class:`~streamrt._hostcall.HostSlot`.
 
         The slot is owned by the Graph and lives as long as it; each replay
-        runs ``fn(*args)`` on the slot's worker thread.
+        runs ``fn(*args)`` on the slot's worker thread. ``foreign``: for a
+        graph another library owns; the engine never stops it (its graph's
+        release closes it).
         """
         self._check_open()
-        slot = HostSlot(self, fn, tuple(args))  # type: ignore[arg-type]  # self is the CompletionEngine
+        slot = HostSlot(self, fn, tuple(args), foreign=foreign)  # type: ignore[arg-type]  # self is the CompletionEngine
+        if foreign:
+            return slot
         with self._lock:
             self._check_open()
             self._slots.add(slot)

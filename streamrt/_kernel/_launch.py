@@ -93,6 +93,8 @@ def launch_prepared(stream: Stream, grid: tuple[int, int, int], block: tuple[int
         if stream._closed:
             stream._check_open()
         backend.launch_kernel(function, g, b, smem, handle, address)  # a trace names it by its kernel
+        if stream._capture is not None:  # `with stream.capture()`: the graph keeps the kernel and its buffers
+            stream._capture.used(kernel, *(buf for _p, buf, _mode, _n in bound.buffers))
     for _p, buf, _mode, _n in bound.buffers:
         buf.note_stream(stream)
 

@@ -9,6 +9,7 @@ launch), ``_graph`` (:class:`Graph`, captured replays), ``_devices``
 (pipelines spanning devices).
 """
 
+from . import _capture  # noqa: F401 - serves Stream.capture and host functions while capturing
 from ._builder import Edge, Pipeline
 from ._graph import Graph, capture_pipeline
 from ._launch import POLICIES

@@ -337,7 +337,10 @@ class Pipeline:
         Everything is validated before anything is enqueued. If the backend
         fails midway, the error is raised; what was enqueued still completes
         and stays alive.
-        Raises ``CaptureError`` if ``stream`` is capturing (use :meth:`capture`).
+        On a stream that is capturing (``with stream.capture()``, or a capture
+        another library began) the nodes are recorded into that capture and
+        the Run returned is done at once with a ``CaptureError`` (nothing ran;
+        see docs/pipelines.md, "Capture").
         """
         if policy == "stream":
             compiled = self._plans.get(stream)

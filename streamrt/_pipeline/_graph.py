@@ -3,7 +3,9 @@
 ``Pipeline.capture(stream)`` records the pipeline into a backend graph
 (``stream_begin_capture`` … ``stream_end_capture`` → ``graph_instantiate``) and
 returns a :class:`Graph`. Each :meth:`Graph.launch` replays the executable
-graph on a stream and returns a :class:`~streamrt.Run`.
+graph on a stream and returns a :class:`~streamrt.Run`. ``with stream.capture()``
+(:mod:`._capture`) makes the same Graph from whatever a block enqueued on a
+stream (no pipeline behind it: it cannot be rebound with :meth:`Graph.update`).
 
 Lifetime. A Graph owns its executable graph, one host slot per Python host
 node (see :mod:`streamrt._hostcall`: the captured host node wakes the slot's
@@ -75,7 +77,9 @@ class _GraphState:
     ``node_names``: the pipeline node behind each graph node, by graph node index (for traces).
     """
 
-    __slots__ = ("destroyed", "exec", "keep", "lock", "node_names", "pending", "retiring", "roots", "runtime", "slots")
+    __slots__ = (
+        "destroyed", "exec", "keep", "lock", "node_names", "pending", "pools", "retiring", "roots", "runtime", "slots", "streams",
+    )
 
     def __init__(
         self,
@@ -85,15 +89,22 @@ class _GraphState:
         slots: list[tuple[str, HostSlot]],
         nodes: list[Node],
         node_names: tuple[str, ...],
+        *,
+        keep: tuple[Any, ...] = (),
+        buffers: tuple[Buffer, ...] = (),
+        pools: tuple[Any, ...] = (),
     ) -> None:
         self.runtime = runtime
         self.exec = exec_handle
         runtime._graph_names[exec_handle] = (name, node_names)  # a traced replay is named by these
         self.slots = slots
         self.node_names = node_names
-        self.keep: tuple[Any, ...] | None = tuple(x for n in nodes for x in n.keepalive())
+        self.keep: tuple[Any, ...] | None = (*keep, *(x for n in nodes for x in n.keepalive()))
         # the root buffers (views resolved to the buffer they view), each once
-        self.roots = tuple({id(r): r for r in (b.base for n in nodes for b in n.buffers())}.values())
+        used = (*buffers, *(b for n in nodes for b in n.buffers()))
+        self.roots = tuple({id(r): r for r in (b.base for b in used)}.values())
+        self.pools = pools  # capture pools (allocators): closed once the executable graph is gone
+        self.streams: set[Stream] = set()  # where replays ran (the pools' blocks wait for them)
         self.pending = 0
         self.retiring = False
         self.lock = threading.Lock()
@@ -133,6 +144,10 @@ class _GraphState:
         if not self.runtime.is_closed:
             self.runtime._base_backend.graph_exec_destroy(self.exec)
         self.keep = None
+        pools, self.pools = self.pools, ()
+        streams = [s for s in self.streams if not s.is_closed]
+        for pool in pools:
+            pool.close(streams)
 
     def _close_slots(self) -> None:
         for _, slot in self.slots:
@@ -155,37 +170,25 @@ def _capture_exec(
         raise CaptureError(f"the {rt.backend_name} backend on this device does not support graphs")
     if backend.stream_is_capturing(h):
         raise CaptureError(f"{stream.name} is already capturing; end that capture first")
-    engine = rt._engine
-    slots: dict[str, HostSlot] = {}
-    try:
-        for i in order:
-            node = nodes[i]
-            if isinstance(node, HostNode) and not node.is_native:
-                slots[node.name] = engine.host_slot(node.fn, node.args)
-    except BaseException:
-        for slot in slots.values():
-            slot.close()
-        raise
+    slots = host_slots(rt, nodes, order)
     pool = pool_for(rt) if plan is not None else None
     sides: list[Stream] = []
     if pool is not None and plan is not None:
         # Create what the capture needs before it starts: no stream or event creation while capturing.
         pool.reserve_events(1 + len(plan.signals) + len(plan.joins))
         sides = pool.acquire_streams(plan.slots - 1, stream.priority)
-    fork_ev = None
-    ctx = EnqueueContext(capturing=True, slots=slots)
-    capturing = False
+    capturing = named = False
     graph = 0
     held = contextlib.ExitStack()
     try:
         held.enter_context(holding([stream, *sides]))  # no other thread's work slips into the capture
         backend.stream_begin_capture(h, mode)
         capturing = True
-        if pool is not None:
-            fork_ev = pool.acquire_event()
-            with labelled(stream, name, None):
-                backend.event_record(fork_ev.handle, h)
-        enqueue_plan(nodes, order, plan, [stream, *sides], pool, ctx, fork_from_caller=fork_ev, join=True)
+        try:
+            record_into(name, nodes, order, stream, slots, plan, sides)
+        except BaseException:
+            named = True  # its error names the pipeline and the node
+            raise
         capturing = False
         graph = backend.stream_end_capture(h)
         exec_handle = backend.graph_instantiate(graph)
@@ -201,17 +204,12 @@ def _capture_exec(
             backend.graph_destroy(graph)
         for slot in slots.values():
             slot.close()
-        if not isinstance(exc, Exception) or isinstance(exc, ClosedError):
+        if not isinstance(exc, Exception) or isinstance(exc, ClosedError) or named:
             raise
-        where = f" at node {ctx.current!r}" if ctx.current else ""
-        if isinstance(exc, CaptureError):
-            raise CaptureError(f"capturing pipeline {name!r} failed{where}: {exc}") from exc
-        raise CaptureError(f"capturing pipeline {name!r} failed{where}: {type(exc).__name__}: {exc}") from exc
+        raise CaptureError(f"capturing pipeline {name!r} failed: {type(exc).__name__}: {exc}") from exc
     finally:
         held.close()
         if pool is not None:
-            if fork_ev is not None:
-                pool.release_event(fork_ev)
             usable = [s for s in sides if not backend.stream_is_capturing(s.handle)]
             for s in sides:
                 if s not in usable:  # still capturing after a failure: never hand it out again
@@ -222,6 +220,55 @@ def _capture_exec(
             pool.release_streams(usable, stream.priority)
     backend.graph_destroy(graph)
     return exec_handle, [(n, slots[n]) for n in (nodes[i].name for i in order) if n in slots], graph_node_names(nodes, order, plan)
+
+
+def host_slots(rt: Runtime, nodes: list[Node], order: list[int], *, foreign: bool = False) -> dict[str, HostSlot]:
+    """One host slot per Python host node (by node name); none left open if one cannot be made."""
+    engine = rt._engine
+    slots: dict[str, HostSlot] = {}
+    try:
+        for i in order:
+            node = nodes[i]
+            if isinstance(node, HostNode) and not node.is_native:
+                slots[node.name] = engine.host_slot(node.fn, node.args, foreign=foreign)
+    except BaseException:
+        for slot in slots.values():
+            slot.close()
+        raise
+    return slots
+
+
+def record_into(
+    name: str,
+    nodes: list[Node],
+    order: list[int],
+    stream: Stream,
+    slots: dict[str, HostSlot],
+    plan: ForkPlan | None = None,
+    sides: list[Stream] | None = None,
+) -> None:
+    """Enqueue ``nodes`` on ``stream``, which is capturing (its lock held): Python host nodes through
+    ``slots``; with ``plan``, branches on ``sides`` (pooled streams, their locks held), which join the
+    capture by events and are joined back. Raises ``CaptureError`` naming the node that failed."""
+    rt = stream._runtime
+    pool = pool_for(rt) if plan is not None else None
+    fork_ev = None
+    ctx = EnqueueContext(capturing=True, slots=slots)
+    try:
+        if pool is not None:
+            fork_ev = pool.acquire_event()
+            with labelled(stream, name, None):
+                rt._backend.event_record(fork_ev.handle, stream._handle)
+        enqueue_plan(nodes, order, plan, [stream, *(sides or ())], pool, ctx, fork_from_caller=fork_ev, join=True)
+    except BaseException as exc:
+        if not isinstance(exc, Exception) or isinstance(exc, ClosedError):
+            raise
+        where = f" at node {ctx.current!r}" if ctx.current else ""
+        detail = str(exc) if isinstance(exc, CaptureError) else f"{type(exc).__name__}: {exc}"
+        raise CaptureError(f"capturing pipeline {name!r} failed{where}: {detail}") from exc
+    finally:
+        if pool is not None and fork_ev is not None:
+            pool.release_event(fork_ev)
 
 
 def capture_pipeline(
@@ -235,7 +282,8 @@ def capture_pipeline(
 
 
 class Graph:
-    """A captured pipeline: replay it with :meth:`launch`. See the module docstring."""
+    """A captured pipeline, or the work captured from a stream (``with stream.capture() as graph:``):
+    replay it with :meth:`launch`. See the module docstring."""
 
     def __init__(
         self,
@@ -245,9 +293,13 @@ class Graph:
         preds_after: list[set[int]],
         fork: bool,
         mode: CaptureMode,
-        state: _GraphState,
+        state: _GraphState | None,
         chain: RunChain,
+        *,
+        from_stream: bool = False,
     ) -> None:
+        self._from_stream = from_stream  # captured by Stream.capture: no pipeline to re-capture from
+        self._capturing = state is None  # Stream.capture's graph until its with block ends
         self._name = name
         self._runtime = runtime
         self._nodes = nodes
@@ -270,7 +322,18 @@ class Graph:
 
     @property
     def is_closed(self) -> bool:
-        return self._state is None
+        """Closed, or its capture failed (never while its ``with stream.capture()`` block runs)."""
+        return self._state is None and not self._capturing
+
+    def _captured(self, state: _GraphState | None) -> None:
+        """Stream.capture: the with block ended; ``state`` is the executable graph (``None``: it failed)."""
+        with self._lock:
+            closed = not self._capturing  # closed inside its with block
+            if not closed:
+                self._state = state
+                self._capturing = False
+        if closed and state is not None:
+            state.retire()
 
     @property
     def replays(self) -> int:
@@ -312,6 +375,8 @@ class Graph:
                 stream._check_open()
             state = self._state
             if state is None:
+                if self._capturing:
+                    raise CaptureError(f"graph {self._name!r} is still being captured: launch it after its with block")
                 raise ClosedError(f"graph {self._name!r} is closed")
             for b in state.roots:
                 if b._released:
@@ -332,6 +397,7 @@ class Graph:
                 for (_, req), (_, slot) in zip(armed, state.slots):
                     slot.disarm(req)
                 raise
+            state.streams.add(stream)
             for b in state.roots:  # noted once per root buffer (see Buffer.note_stream)
                 used = b._streams
                 if used is None:
@@ -364,6 +430,8 @@ class Graph:
         """
         if not isinstance(rebind, Mapping):
             raise TypeError("update takes a mapping {old_buffer: new_buffer}")
+        if self._from_stream:
+            raise ValueError(f"graph {self._name!r} was captured from a stream: capture it again to use other buffers")
         with self._lock:
             if self._state is None:
                 raise ClosedError(f"graph {self._name!r} is closed")
@@ -427,6 +495,7 @@ class Graph:
         """Release everything the graph owns once its last replay has completed. Non-blocking; idempotent."""
         with self._lock:
             state, self._state = self._state, None
+            self._capturing = False  # closed inside its with block: the capture's graph is dropped at its end
             self._nodes = []
             self._preds_after = []
         if state is not None:

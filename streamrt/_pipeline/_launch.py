@@ -34,10 +34,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .._errors import CaptureError
 from .._event import Event
 from .._stream import Stream, holding
 from .._streampool import pool_for
+from ._capture import launch_into_capture
 from ._deps import ForkPlan
 from ._devices import launch_across_devices
 from ._nodes import EnqueueContext, enqueue_plan
@@ -67,12 +67,9 @@ def launch_pipeline(p: Pipeline, stream: Stream, policy: str, wait_for: str | Ev
     with stream._lock, p._lock:  # the stream's lock first: see Stream.lock
         if stream._closed:
             stream._check_open()
-        if stream._backend.stream_is_capturing(stream._handle):
-            raise CaptureError(
-                f"{stream.name} is capturing: launch() enqueues eager work whose completion is watched; "
-                "use pipeline.capture(stream) to record the pipeline into a graph"
-            )
         order, keep = p._validated()
+        if stream._capture is not None or stream._backend.stream_is_capturing(stream._handle):
+            return launch_into_capture(p, stream, order, keep)
         where = p._placement(rt)
         if where is not None:
             return launch_across_devices(p, stream, order, keep, where, policy, wait_for, join)

@@ -14,7 +14,8 @@ until the pipeline changes. It holds:
 
 :meth:`LaunchPlan.launch` re-checks only what can change between launches:
 the stream closed, a root buffer released, an event closed, and a capture in
-progress on the stream (another library's; eager work cannot go into it).
+progress on the stream (its launch is then recorded into that capture instead:
+:func:`~streamrt._pipeline._capture.launch_into_capture`).
 It notes each root buffer's stream once, makes the stream wait for the
 previous run of the pipeline when that ran elsewhere, runs the steps, and
 ends with the Run, whose tail resolves it (see :mod:`._run`). A launch that
@@ -25,8 +26,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .._errors import CaptureError
 from .._hostcall import HostRequest
+from ._capture import launch_into_capture
 from ._nodes import Node, RecordNode, WaitNode
 from ._run import Run, serialize_after
 
@@ -82,11 +83,8 @@ class LaunchPlan:
             for ev in self.events:
                 if ev._closed:
                     ev._check_open()
-            if backend.stream_is_capturing(handle):
-                raise CaptureError(
-                    f"{stream.name} is capturing: launch() enqueues eager work whose completion is watched; "
-                    "use pipeline.capture(stream) to record the pipeline into a graph"
-                )
+            if stream._capture is not None or backend.stream_is_capturing(handle):
+                return launch_into_capture(pipeline, stream, *pipeline._validated())
             if rt._multi_device:  # kernel launches and the tail event need the stream's device current
                 backend.ensure_device(rt._device)
             chain = pipeline._chain

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from .._completion._lane import _Lane
     from .._hostcall import HostRequest
 
-__all__ = ["Run", "RunChain", "serialize_after"]
+__all__ = ["Run", "RunChain", "recorded_run", "serialize_after"]
 
 HostNodes = tuple[tuple[str, "HostRequest"], ...]
 
@@ -88,6 +88,7 @@ class Run(Completion):
         tails: Iterable[Stream],
         *,
         after: Callable[[Run], None] | None = None,
+        error: BaseException | None = None,
     ) -> None:
         """Record the tail events on ``tails`` (their enqueue locks held) and watch them.
 
@@ -95,6 +96,7 @@ class Run(Completion):
         :class:`_Tail` items. Raises the backend's error if a tail could not
         be recorded: the Run is then watched on the tails recorded before it
         (none: nothing is watched). ``after(run)`` is called just before it resolves.
+        ``error``: the Run's error from the start (with no tails: a Run that is done at once).
         """
         # Completion's state, set here directly: a launch pays for one call of its future.
         self._done = False
@@ -116,7 +118,7 @@ class Run(Completion):
         self.unordered = False
         self._tails: list[tuple[Stream, int]] = []  # (stream, tail event) while pending
         self._remaining = 0
-        self._error: BaseException | None = None
+        self._error: BaseException | None = error
         self._lock = threading.Lock()
         self._node_errors: dict[str, BaseException] = {}
         self._host_values: dict[str, Any] = {}
@@ -171,7 +173,8 @@ class Run(Completion):
 
     @property
     def policy(self) -> str:
-        """``"stream"``, ``"fork"``, ``"graph"`` (or ``"sync"`` for a recipe's blocking path)."""
+        """``"stream"``, ``"fork"``, ``"graph"``, ``"captured"`` (recorded into a graph capture:
+        done at once with a ``CaptureError``) or ``"sync"`` (a recipe's blocking path)."""
         return self._policy
 
     @property
@@ -250,6 +253,14 @@ class Run(Completion):
         else:
             state = "done"
         return f"<Run {self._name!r} {self._policy} {state}>"
+
+
+def recorded_run(name: str, engine: CompletionEngine, error: BaseException) -> Run:
+    """The Run of a launch recorded into a graph capture: done at once, with ``error`` (a
+    ``CaptureError`` saying where the work went), never logged as unretrieved."""
+    run = Run(name, "captured", (), (), None, engine, (), error=error)
+    run._log_unretrieved = False
+    return run
 
 
 class _Tail:

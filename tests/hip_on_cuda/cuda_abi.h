@@ -19,6 +19,7 @@ typedef struct CUgraph_st* hoc_graph;
 typedef struct CUgraphExec_st* hoc_graph_exec;
 typedef struct CUlib_st* hoc_library;
 typedef struct CUkern_st* hoc_kernel;
+typedef struct CUuserObject_st* hoc_user_object;
 typedef void (*hoc_host_fn)(void* user_data);
 typedef struct { unsigned int x, y, z; } hoc_dim3; /* dim3 */
 
@@ -32,6 +33,12 @@ typedef struct { unsigned int x, y, z; } hoc_dim3; /* dim3 */
 #define HOC_cudaMemcpyDefault 4
 #define HOC_cudaStreamCaptureModeRelaxed 2
 #define HOC_cudaStreamCaptureStatusNone 0
+#define HOC_cudaStreamCaptureStatusActive 1
+#define HOC_cudaStreamCaptureStatusInvalidated 2
+
+/* cudaUserObjectFlags, cudaUserObjectRetainFlags. */
+#define HOC_cudaUserObjectNoDestructorSync 1
+#define HOC_cudaGraphUserObjectMove 1
 #define HOC_cudaMemoryTypeHost 1
 #define HOC_cudaMemoryTypeManaged 3
 

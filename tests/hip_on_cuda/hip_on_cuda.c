@@ -310,6 +310,9 @@ static hipError_t hip_from_cuda(hoc_cudaError err) {
     X(hoc_cudaError, cudaGraphLaunch, (hoc_graph_exec, hoc_stream))                              \
     X(hoc_cudaError, cudaGraphExecDestroy, (hoc_graph_exec))                                     \
     X(hoc_cudaError, cudaGraphDestroy, (hoc_graph))                                              \
+    X(hoc_cudaError, cudaUserObjectCreate, (hoc_user_object*, void*, hoc_host_fn, unsigned int, unsigned int)) \
+    X(hoc_cudaError, cudaUserObjectRelease, (hoc_user_object, unsigned int))                     \
+    X(hoc_cudaError, cudaGraphRetainUserObject, (hoc_graph, hoc_user_object, unsigned int, unsigned int)) \
     X(hoc_cudaError, cudaLibraryLoadData,                                                        \
       (hoc_library*, const void*, int*, void**, unsigned int, int*, void**, unsigned int))       \
     X(hoc_cudaError, cudaLibraryGetKernel, (hoc_kernel*, hoc_library, const char*))              \
@@ -1076,9 +1079,12 @@ typedef int (*hoc_cu_wait_value64_fn)(hoc_stream, unsigned long long, uint64_t, 
 typedef int (*hoc_cu_device_get_fn)(int*, int);
 typedef int (*hoc_cu_device_get_attribute_fn)(int*, int, int);
 typedef int (*hoc_cu_get_proc_address_fn)(const char*, void**, int, uint64_t, int*);
+/* cuStreamGetCaptureInfo as of CUDA 12.0 (the _v2 form): stream, status, id, graph, deps, count. */
+typedef int (*hoc_cu_capture_info_fn)(hoc_stream, int*, unsigned long long*, hoc_graph*, const void**, size_t*);
 
 static struct {
     hoc_cu_wait_value64_fn wait_value64;
+    hoc_cu_capture_info_fn capture_info;
     hoc_cu_device_get_fn device_get;
     hoc_cu_device_get_attribute_fn device_get_attribute;
 } drv;
@@ -1097,6 +1103,10 @@ static void load_driver(void) {
     if (get_proc && get_proc("cuStreamWaitValue64", &fn, 12000, 0, &status) != 0) fn = NULL;
     if (!fn) fn = dlsym(handle, "cuStreamWaitValue64_v2");
     *(void**)(&drv.wait_value64) = fn;
+    fn = NULL;
+    if (get_proc && get_proc("cuStreamGetCaptureInfo", &fn, 12000, 0, &status) != 0) fn = NULL;
+    if (!fn) fn = dlsym(handle, "cuStreamGetCaptureInfo_v2");
+    *(void**)(&drv.capture_info) = fn;
 }
 
 /* HIP's enum value (hipDeviceAttributeAmdSpecificBegin = 10000 = ClockInstructionRate, ...). */
@@ -1185,6 +1195,45 @@ HIP_API hipError_t hipGraphExecDestroy(hipGraphExec_t exec) {
 HIP_API hipError_t hipGraphDestroy(hipGraph_t graph) {
     CUDART_REQUIRED();
     return hip_from_cuda(rt.cudaGraphDestroy(graph));
+}
+
+/* hipStreamGetCaptureInfo_v2 through the driver's cuStreamGetCaptureInfo (CUDA 12.0 form): the
+ * runtime's own symbol changed signature in CUDA 13. Statuses and handles are CUDA's. The node
+ * array is returned only when asked for (and is the driver's, valid until the next capture call). */
+HIP_API hipError_t hipStreamGetCaptureInfo_v2(hipStream_t stream, int* status, unsigned long long* id, hipGraph_t* graph,
+                                              const hipGraphNode_t** dependencies, size_t* count) {
+    CUDART_REQUIRED();
+    if (!status) return hip_local(hipErrorInvalidValue);
+    int devices = 0;
+    hoc_cudaError err = rt.cudaGetDeviceCount(&devices); /* initializes the driver */
+    if (err) return hip_from_cuda(err);
+    pthread_once(&drv_once, load_driver);
+    if (!drv.capture_info) return hip_local(hipErrorNotSupported);
+    return hip_from_cuda((hoc_cudaError)drv.capture_info(stream, status, id, graph, (const void**)dependencies, count));
+}
+
+/* ------------------------------------------------------------------------ */
+/* User objects: HIP's flags and ownership rules are CUDA's                  */
+/* ------------------------------------------------------------------------ */
+typedef hoc_user_object hipUserObject_t;
+
+HIP_API hipError_t hipUserObjectCreate(hipUserObject_t* object, void* ptr, hipHostFn_t destroy, unsigned int refcount,
+                                       unsigned int flags) {
+    CUDART_REQUIRED();
+    if (!object || !destroy) return hip_local(hipErrorInvalidValue);
+    *object = NULL;
+    return hip_from_cuda(rt.cudaUserObjectCreate(object, ptr, destroy, refcount, flags));
+}
+
+HIP_API hipError_t hipUserObjectRelease(hipUserObject_t object, unsigned int count) {
+    CUDART_REQUIRED();
+    return hip_from_cuda(rt.cudaUserObjectRelease(object, count));
+}
+
+HIP_API hipError_t hipGraphRetainUserObject(hipGraph_t graph, hipUserObject_t object, unsigned int count,
+                                            unsigned int flags) {
+    CUDART_REQUIRED();
+    return hip_from_cuda(rt.cudaGraphRetainUserObject(graph, object, count, flags));
 }
 
 /* ------------------------------------------------------------------------ */

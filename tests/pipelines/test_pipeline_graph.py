@@ -212,34 +212,41 @@ def test_a_failing_fork_capture_leaves_side_streams_usable(rt: srt.Runtime) -> N
     assert (download(rt, s, a) == 4).all() and (download(rt, s, b) == 5).all()
 
 
-def test_an_eager_host_call_inside_a_capture_is_a_capture_error(rt: srt.Runtime) -> None:
+def test_a_host_call_made_by_an_enqueue_node_is_recorded_into_the_capture(rt: srt.Runtime) -> None:
+    """The pipeline's capture is, for the enqueue node's host call, a capture someone else began."""
     s = rt.create_stream()
-    p = srt.Pipeline("eager-host-in-capture")
-    p.enqueue(lambda stream: stream.launch_host_func(lambda: None), name="sneaky")
-    with pytest.raises(srt.CaptureError, match="sneaky"):
-        p.capture(s)
-    s.synchronize()
+    ran: list[int] = []
+    recorded: list[srt.Completion] = []
+    p = srt.Pipeline("host-in-enqueue")
+    p.enqueue(lambda stream: recorded.append(stream.launch_host_func(ran.append, 1)), name="inner")
+    g = p.capture(s)
+    assert ran == [] and len(recorded) == 1
+    assert recorded[0].is_done
+    with pytest.raises(srt.CaptureError, match="recorded into a graph"):
+        recorded[0].result()
+    for _ in range(3):
+        g.launch(s).result(10)
+    assert ran == [1, 1, 1]
+    g.close()
 
 
-def test_an_eager_launch_inside_a_capture_is_a_capture_error(rt: srt.Runtime) -> None:
+def test_a_launch_made_by_an_enqueue_node_is_recorded_into_the_capture(rt: srt.Runtime) -> None:
     s = rt.create_stream()
     d = rt.device_allocator.allocate(64, stream=s)
-    eager = srt.Pipeline("eager")
-    eager.memset(d, 1)
-    errors: list[BaseException] = []
-
-    def launch_inside(stream: srt.Stream) -> None:
-        try:
-            eager.launch(stream)
-        except srt.CaptureError as exc:
-            errors.append(exc)
-
+    inner = srt.Pipeline("inner")
+    inner.memset(d, 1)
+    runs: list[srt.Run] = []
     outer = srt.Pipeline("outer")
-    outer.enqueue(launch_inside)
-    outer.memset(d, 2)
-    outer.capture(s).close()
-    assert len(errors) == 1 and "is capturing" in str(errors[0])
-    eager.launch(s).result(10)  # fine once the capture is over
+    outer.enqueue(lambda stream: runs.append(inner.launch(stream)))
+    outer.memset(d, 2, nbytes=32)
+    g = outer.capture(s)
+    assert len(runs) == 1 and runs[0].policy == "captured" and isinstance(runs[0].exception(), srt.CaptureError)
+    s.memset(d, 0)
+    g.launch(s).result(10)
+    values = download(rt, s, d)
+    assert (values[:32] == 2).all() and (values[32:] == 1).all()
+    g.close()
+    inner.launch(s).result(10)  # eager again once the capture is over
     assert (download(rt, s, d) == 1).all()
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from streamrt._backends import hip as hip_backend
 from streamrt._backends.hip import _symbols
+from streamrt._backends.hip._user_objects import USER_OBJECT_SYMBOLS
 from support import hip_on_cuda
 
 
@@ -53,7 +54,7 @@ def test_build_produces_both_libraries_and_rocm_names(built: Path) -> None:
 
 def test_every_hip_symbol_the_backend_calls_is_exported(built: Path) -> None:
     exported = _exported(built / "lib" / "libamdhip64.so")
-    missing = sorted(set(hip_backend.REQUIRED_HIP_SYMBOLS) - exported)
+    missing = sorted((set(hip_backend.REQUIRED_HIP_SYMBOLS) | set(USER_OBJECT_SYMBOLS)) - exported)
     assert not missing, f"libamdhip64.so lacks {missing}"
 
 
@@ -194,6 +195,7 @@ def test_cuda_numbers_match_the_cuda_headers(tmp_path: Path) -> None:
         ("hoc_library", "cudaLibrary_t"),
         ("hoc_kernel", "cudaKernel_t"),
         ("hoc_host_fn", "cudaHostFn_t"),
+        ("hoc_user_object", "cudaUserObject_t"),
     ):
         checks.append(f'_Static_assert(__builtin_types_compatible_p({ours}, {theirs}), "{theirs}");')
     for field in ("type", "device", "devicePointer", "hostPointer"):

@@ -13,11 +13,12 @@ from ._hostcalls import HostCalls
 from ._kernels import KernelCalls
 from ._memory import MemoryCalls
 from ._streams import StreamCalls
+from ._user_objects import CudaUserObjects
 
 __all__ = ["CudaBackend"]
 
 
-class CudaBackend(StreamCalls, MemoryCalls, HostCalls, GraphCalls, KernelCalls):
+class CudaBackend(StreamCalls, MemoryCalls, HostCalls, GraphCalls, KernelCalls, CudaUserObjects):
     """The :class:`~streamrt._backends.protocol.Backend` primitives on CUDA.
 
     Requires cuda-bindings >= 12.9.1 (or 13.x): from that version every binding

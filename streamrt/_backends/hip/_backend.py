@@ -13,11 +13,12 @@ from ._hostcalls import HostCalls
 from ._kernels import KernelCalls
 from ._memory import MemoryCalls
 from ._streams import StreamCalls
+from ._user_objects import HipUserObjects
 
 __all__ = ["HipBackend"]
 
 
-class HipBackend(StreamCalls, MemoryCalls, HostCalls, GraphCalls, KernelCalls):
+class HipBackend(StreamCalls, MemoryCalls, HostCalls, GraphCalls, KernelCalls, HipUserObjects):
     """The :class:`~streamrt._backends.protocol.Backend` primitives on HIP. Create with :func:`create`."""
 
     name = "hip"

@@ -76,11 +76,12 @@ from ._kernelcalls import KernelCalls
 from ._memcalls import MemoryCalls
 from ._streamcalls import StreamCalls
 from ._toolcalls import ToolCalls
+from ._user_objects import SimUserObjects
 
 __all__ = ["SimBackend"]
 
 
-class SimBackend(DeviceCalls, StreamCalls, HostCalls, MemoryCalls, GraphCalls, KernelCalls, ToolCalls):
+class SimBackend(SimUserObjects, DeviceCalls, StreamCalls, HostCalls, MemoryCalls, GraphCalls, KernelCalls, ToolCalls):
     """The simulated device. Create it with ``streamrt._backends.sim.create(...)``.
 
     Implements every method of :class:`~streamrt._backends.protocol.Backend`

@@ -53,6 +53,7 @@ GRAPH_BASE = 0x53 << 40
 EXEC_BASE = 0x54 << 40
 MODULE_BASE = 0x55 << 40
 FUNCTION_BASE = 0x56 << 40
+USER_OBJECT_BASE = 0x57 << 40
 
 HOSTFN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 UNRECORDED, RECORDED, CAPTURED = 0, 1, 2
@@ -247,7 +248,8 @@ class SimCore:
         self._modules: dict[int, ModuleState] = {}
         self._functions: dict[int, FunctionState] = {}
         self._captures: list[Capture] = []
-        self._counters = {b: 0 for b in (STREAM_BASE, EVENT_BASE, GRAPH_BASE, EXEC_BASE, MODULE_BASE, FUNCTION_BASE)}
+        self._user_objects: dict[int, Any] = {}  # handle -> _user_objects.UserObject
+        self._counters = {b: 0 for b in (STREAM_BASE, EVENT_BASE, GRAPH_BASE, EXEC_BASE, MODULE_BASE, FUNCTION_BASE, USER_OBJECT_BASE)}
         self._capture_ids = 0
         self._seq = 0
         self._hostfns: dict[int, Any] = {}

@@ -15,6 +15,11 @@ raises a ``simErrorStreamCapture*`` error); later captured calls raise
 :class:`~streamrt.CaptureError`. Either way, ending the capture returns every
 participating stream to normal, usable operation.
 
+User objects retained by a graph (``_user_objects``) are shared by the graph
+and its execs like graph memory: released once all of them are destroyed and
+their launches have finished. A capture's graph has its handle from the
+start, so ``stream_capture_graph`` can name it while the capture runs.
+
 Memory from ``malloc_async`` during capture belongs to the graph: it keeps the
 same address on every replay and is freed when the graph and all its
 executable instances are destroyed (a ``free_async`` of it inside the capture
@@ -118,12 +123,14 @@ class Node:
 
 
 class GraphMemory:
-    """Allocations made during a capture; freed when the graph and all its execs are gone."""
+    """Allocations made during a capture, and the user objects the graph retains; freed (released)
+    when the graph and all its execs are gone and their launches have finished."""
 
-    __slots__ = ("allocations", "users", "released", "launches")
+    __slots__ = ("allocations", "user_objects", "users", "released", "launches")
 
     def __init__(self) -> None:
         self.allocations: list[Any] = []
+        self.user_objects: list[Any] = []  # one reference each (see _user_objects)
         self.users = 0  # the graph and its execs
         self.released = False
         self.launches: list[Any] = []  # end markers of launches that may still be running
@@ -132,10 +139,11 @@ class GraphMemory:
 class Capture:
     """One capture sequence, begun on ``origin`` by thread ``thread`` in ``mode``."""
 
-    __slots__ = ("id", "origin", "mode", "thread", "nodes", "streams", "invalid", "memory", "ended", "device")
+    __slots__ = ("id", "graph", "origin", "mode", "thread", "nodes", "streams", "invalid", "memory", "ended", "device")
 
-    def __init__(self, cid: int, origin: Any, mode: CaptureMode, thread: int, device: int) -> None:
+    def __init__(self, cid: int, origin: Any, mode: CaptureMode, thread: int, device: int, graph: int = 0) -> None:
         self.id = cid
+        self.graph = graph  # the handle the graph under construction has (and keeps once captured)
         self.origin = origin
         self.mode = mode
         self.thread = thread

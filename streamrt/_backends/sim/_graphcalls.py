@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from typing import TYPE_CHECKING, Any
 
 from ..._errors import CaptureError
 from ..protocol import CaptureMode
@@ -29,6 +30,10 @@ def _release_graph_memory(lock: threading.Lock, mem: MemoryMap, allocations: lis
 class GraphCalls(SimCore):
     """stream_begin_capture / stream_end_capture / stream_is_capturing / graph_* calls."""
 
+    if TYPE_CHECKING:  # the user-object mixin's (_user_objects.SimUserObjects)
+
+        def _release_user_objects(self, objects: list[Any], after: list[Op]) -> None: ...
+
     # == graphs ===========================================================================================
     def stream_begin_capture(self, stream: int, mode: CaptureMode) -> None:
         call = "stream_begin_capture"
@@ -44,7 +49,7 @@ class GraphCalls(SimCore):
             if s.capture is not None:
                 fail(C.ILLEGAL_STATE, f"stream {s.handle:#x} is already capturing", call)
             self._capture_ids += 1
-            cap = Capture(self._capture_ids, s, m, threading.get_ident(), s.device)
+            cap = Capture(self._capture_ids, s, m, threading.get_ident(), s.device, self._new_handle(GRAPH_BASE))
             s.capture = cap
             s.cap_deps = []
             self._captures.append(cap)
@@ -67,6 +72,8 @@ class GraphCalls(SimCore):
 
     def _drop_capture_memory(self, memory: GraphMemory) -> None:
         memory.released = True
+        self._release_user_objects(memory.user_objects, [])
+        memory.user_objects = []
         for alloc in memory.allocations:
             self._mem.free_now(alloc)
         memory.allocations = []
@@ -107,7 +114,7 @@ class GraphCalls(SimCore):
                         call,
                     )
                 raise CaptureError(str(cause)) from cause
-            handle = self._new_handle(GRAPH_BASE)
+            handle = cap.graph
             cap.memory.users = 1
             self._graphs[handle] = Graph(handle, cap.nodes, cap.memory, cap.device)
             return handle
@@ -126,7 +133,7 @@ class GraphCalls(SimCore):
     def _unuse_memory(self, memory: GraphMemory) -> None:
         """One user of graph memory is gone; free it once none remain and launches finished. Lock held."""
         memory.users -= 1
-        if memory.users > 0 or memory.released or not memory.allocations:
+        if memory.users > 0 or memory.released or not (memory.allocations or memory.user_objects):
             return
         memory.released = True
         allocs = list(memory.allocations)
@@ -135,6 +142,10 @@ class GraphCalls(SimCore):
             self._mem.retire(alloc)
         waiting = [op for op in memory.launches if not op.done]
         memory.launches = []
+        self._release_user_objects(memory.user_objects, waiting)
+        memory.user_objects = []
+        if not allocs:
+            return
         if not waiting:
             for alloc in allocs:
                 self._mem.release(alloc)
@@ -319,6 +330,6 @@ class GraphCalls(SimCore):
             s.work_ready_us = join_us + (p.op_gap_us if any_work else 0.0)
             ex.last = join
             ex.last_end_us = join_us
-            if ex.memory.allocations:
+            if ex.memory.allocations or ex.memory.user_objects:
                 ex.memory.launches = [op for op in ex.memory.launches if not op.done]
                 ex.memory.launches.append(join)
