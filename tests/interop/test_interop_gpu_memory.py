@@ -35,6 +35,7 @@ def test_torch_consumes_a_buffer_after_streamrt_work_on_it(cuda_rt: srt.Runtime,
         total = t.sum(dtype=torch.int64)
     assert time.perf_counter() - t0 < 0.05  # no host wait (the sleep in front of the memset is ~0.1 s)
     assert t.device.type == "cuda" and t.data_ptr() == d.ptr and t.dtype == torch.uint8
+    consumer.synchronize()  # `total` was made on `consumer`: .item() reads it on the default stream
     assert total.item() == 5 * N
     del t
     torch.cuda.synchronize()
