@@ -1,7 +1,7 @@
 """libc semaphores through ctypes: the GIL-free bridge between driver threads and runtime threads.
 
 A driver (or simulator) callback thread must never run Python on the
-completion path (DESIGN §5). What it runs instead is a *native* host function:
+completion path (it would contend for the GIL). What it runs instead is a *native* host function:
 libc ``sem_post`` or ``sem_wait`` called with the address of a ``sem_t`` as
 ``user_data``. On the other side, a runtime-owned thread blocks in
 :meth:`Semaphore.wait`, a ctypes call into libc ``sem_wait`` that releases the

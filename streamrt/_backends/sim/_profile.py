@@ -3,7 +3,7 @@
 Every operation the simulated device runs gets a virtual start and end time
 (microseconds) computed from these figures when it is *enqueued*, so the times
 do not depend on how the host threads happen to be scheduled. The defaults are
-the H200 figures measured in DESIGN.md §9; figures marked *estimate* were not
+figures measured on an H200 (docs/performance.md); figures marked *estimate* were not
 measured there and are plausible H200 values.
 
 How the figures combine (all in virtual µs):
