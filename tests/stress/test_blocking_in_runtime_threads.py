@@ -16,7 +16,7 @@ import streamrt as srt
 rt = srt.open_runtime("sim")
 s = rt.create_stream()
 other = rt.create_stream()
-other.launch_host_func(ctypes.CFUNCTYPE(None, ctypes.c_void_p)(("usleep", ctypes.CDLL(None))), 300_000)  # busy
+other.launch_host_func(ctypes.CFUNCTYPE(None, ctypes.c_void_p)(("sleep", ctypes.CDLL(None))), 3)  # busy for 3 s: long enough on a loaded 2-core machine
 WAITS = {{
     "stream.synchronize": lambda: s.synchronize(),
     "runtime.synchronize": lambda: rt.synchronize(),
