@@ -223,12 +223,7 @@ class Stream:
             )
         if n and d._ptr < s._ptr + n and s._ptr < d._ptr + n:
             raise ValueError("copy: src and dst overlap (copy through a separate buffer)")
-        with self._lock:
-            if self._closed:
-                self._check_open()
-            self._backend.memcpy_async(d._ptr, s._ptr, n, kind, self._handle)
-            if self._capture is not None:
-                self._capture.used(d, s)
+        self._copy_raw(d._ptr, s._ptr, n, kind, d, s)
         d.note_stream(self)
         s.note_stream(self)
 
@@ -324,14 +319,7 @@ class Stream:
                     "stream.wait accepts events of other runtimes"
                 )
             event._check_open()
-        with self._lock:
-            if self._closed:
-                self._check_open()
-            self._backend.event_record(event._handle, self._handle)
-            event._recorded_on = self._handle
-            if self._capture is not None:
-                self._capture.used(event)
-        return event
+        return self._record_raw(event)
 
     def wait(self, event: Any) -> None:
         """Make later work on this stream wait until ``event`` has completed. Non-blocking.
@@ -352,6 +340,35 @@ class Stream:
                 f"stream's ({self._runtime!r}): streams wait only on events of their own backend instance"
             )
         event._check_open()
+        self._wait_raw(event)
+
+    # -- enqueues on arguments already checked (Stream's methods above, the per-step helpers) -------
+    # Each holds the enqueue lock, raises ClosedError on a closed stream, goes to the stream's
+    # backend (the tracing wrapper while a trace is open) and tells a `with stream.capture()` block
+    # what to keep. Noting buffers' streams is the caller's job.
+
+    def _copy_raw(self, dst: int, src: int, nbytes: int, kind: MemcpyKind, *keep: Any) -> None:
+        """Copy ``nbytes`` bytes between addresses; ``keep``: what a capture in progress must hold."""
+        with self._lock:
+            if self._closed:
+                self._check_open()
+            self._backend.memcpy_async(dst, src, nbytes, kind, self._handle)
+            if self._capture is not None:
+                self._capture.used(*keep)
+
+    def _record_raw(self, event: Event) -> Event:
+        """Record ``event`` (open, of this runtime) at the current end of the stream."""
+        with self._lock:
+            if self._closed:
+                self._check_open()
+            self._backend.event_record(event._handle, self._handle)
+            event._recorded_on = self._handle
+            if self._capture is not None:
+                self._capture.used(event)
+        return event
+
+    def _wait_raw(self, event: Event) -> None:
+        """Make later work wait for ``event`` (open, of this backend instance)."""
         with self._lock:
             if self._closed:
                 self._check_open()

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 from .._backends.protocol import MemcpyKind
 from ._context import TorchContext
-from ._enqueue import D2H, wait
 from ._interop import as_torch_stream
 from ._lazy import torch_module
 
@@ -36,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["DeviceTorch"]
 
 _H2H = MemcpyKind.HOST_TO_HOST
+D2H = MemcpyKind.DEVICE_TO_HOST
 
 
 class DeviceTorch(TorchContext):
@@ -135,7 +135,7 @@ class DeviceTorch(TorchContext):
         return ptr, (_H2H if kind == "host" else D2H), None  # pinned host memory, or managed memory
 
     def hand_off(self, event: Event, stream: Stream, tensor: Any, block: Buffer | None) -> bool:
-        wait(stream, event)
+        stream._wait_raw(event)
         if tensor is not None:
             tensor.record_stream(self._torch_stream(stream))
         return False

@@ -52,7 +52,6 @@ from .._extensions import provide
 from .._stream import Stream
 from .._trace_labels import label
 from ._context import TorchContext, context
-from ._enqueue import D2H, copy
 from ._interop import record_stream
 from ._lazy import host_dtype, is_tensor, torch_module
 
@@ -63,6 +62,7 @@ if TYPE_CHECKING:
 __all__ = ["FetchFuture", "HostCopy", "fetch", "start_copy"]
 
 _H2H = MemcpyKind.HOST_TO_HOST
+D2H = MemcpyKind.DEVICE_TO_HOST
 
 
 class FetchFuture(Completion):
@@ -271,9 +271,9 @@ def _enqueue(rt: Runtime, stream: Stream, src: int, kind: MemcpyKind, nbytes: in
         try:
             if rt._tracer is not None:
                 with label("torch.fetch", None):
-                    copy(stream, staging._ptr, src, nbytes, kind)
+                    stream._copy_raw(staging._ptr, src, nbytes, kind)
             else:
-                copy(stream, staging._ptr, src, nbytes, kind)
+                stream._copy_raw(staging._ptr, src, nbytes, kind)
         except BaseException:
             staging.release()  # nothing was enqueued
             raise

@@ -18,7 +18,6 @@ import numpy as np
 
 from .._backends.protocol import MemcpyKind
 from ._context import TorchContext
-from ._enqueue import D2H, wait
 from ._lazy import torch_module
 
 if TYPE_CHECKING:
@@ -28,6 +27,8 @@ if TYPE_CHECKING:
     from .._stream import Stream
 
 __all__ = ["HostTorch", "alias_block"]
+
+D2H = MemcpyKind.DEVICE_TO_HOST
 
 _memmove = ctypes.memmove
 
@@ -82,7 +83,7 @@ class HostTorch(TorchContext):
         temporary.release()
 
     def hand_off(self, event: Event, stream: Stream, tensor: Any, block: Buffer | None) -> bool:
-        wait(stream, event)
+        stream._wait_raw(event)
         if block is not None:
             block.note_stream(stream)
         if event.is_done:

@@ -43,7 +43,6 @@ import numpy as np
 from .._completion import Completion
 from .._errors import ClosedError
 from ._context import TorchContext, context
-from ._enqueue import record
 from ._fetch import HostCopy, start_copy
 from ._lazy import is_tensor
 
@@ -299,7 +298,7 @@ class MetricsLogger:
                 return got
             event = ctx.take_event()
             try:
-                record(got.stream, event)
+                got.stream._record_raw(event)
             except BaseException:
                 got.release(False)
                 ctx.give_event(event)

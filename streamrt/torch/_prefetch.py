@@ -63,10 +63,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._backends.protocol import MemcpyKind
 from .._stream import Stream
 from .._trace_labels import label
 from ._context import context
-from ._enqueue import H2D, copy, record
 from ._lazy import numpy_to_torch_dtype, torch_module
 from ._tree import flatten, unflatten
 
@@ -76,6 +76,8 @@ if TYPE_CHECKING:
     from .._runtime import Runtime
 
 __all__ = ["PrefetchStatistics", "Prefetcher"]
+
+H2D = MemcpyKind.HOST_TO_DEVICE
 
 _ALIGN = 256
 _MAX_PLANS = 8  # plans kept per Prefetcher (varlen batches of ever-new shapes make a plan each)
@@ -373,11 +375,11 @@ class Prefetcher(Iterator[Any]):
                             _memmove(base + offset, value.data_ptr(), nbytes)
                 tensor, address, block = self._ctx.device_block(plan.padded, stream)
                 if staging is not None:
-                    copy(stream, address, base, total, H2D)
+                    stream._copy_raw(address, base, total, H2D)
                     staging.note_stream(stream)  # released at the tail: reused once the stream has passed the copy
             finally:
                 if staging is not None:
                     staging.release()
         events = self._events
-        event = record(stream, events.pop() if events else self._rt.create_event())
+        event = stream._record_raw(events.pop() if events else self._rt.create_event())
         return tensor, block, event
