@@ -31,36 +31,29 @@ __all__ = ["order_after_foreign_stream", "wait_event_handle", "wait_foreign"]
 
 def wait_event_handle(stream: Stream, event: int) -> None:
     """Later work on ``stream`` waits for the raw backend event ``event`` (traced as a ``wait_event``)."""
-    runtime = stream.runtime
-    backend = runtime.backend
     with stream.lock:
         stream._check_open()
-        tracer = runtime._tracer
-        if tracer is None:
-            backend.stream_wait_event(stream.handle, event)
-        else:
-            tracer.op(stream, "wait_event", 0, lambda: backend.stream_wait_event(stream.handle, event), event=event)
+        stream._backend.stream_wait_event(stream.handle, event)  # the tracing wrapper while a trace is open
 
 
 def order_after_foreign_stream(stream: Stream, producer: int) -> None:
     """Later work on ``stream`` waits for the work enqueued so far on the raw stream handle ``producer``.
 
-    An event is recorded on ``producer`` and waited on by ``stream``; the
-    event is destroyed at once (the wait holds). Nothing when ``producer`` is
-    ``stream`` itself. Non-blocking.
+    An event of the runtime's pool is recorded on ``producer``, waited on by
+    ``stream`` and given back at once (the wait holds). Nothing when
+    ``producer`` is ``stream`` itself. Non-blocking.
     """
     if producer == stream.handle:
         return
     stream._check_open()
     runtime = stream.runtime
-    backend = runtime.backend
-    backend.ensure_device(runtime.device)  # the event belongs to the current device, as the producer's stream does
-    event = backend.event_create(timing=False, blocking_sync=False)
+    pool = runtime.event_pool
+    event = pool.take()  # made on the runtime's device, as the producer's stream is
     try:
-        backend.event_record(event, producer)
+        runtime.backend.event_record(event, producer)  # a foreign stream: not traced
         wait_event_handle(stream, event)
     finally:
-        backend.event_destroy(event)
+        pool.give(event)
 
 
 def _foreign_event_handle(obj: Any) -> int | None:
