@@ -1,14 +1,6 @@
-"""A small varlen transformer trained three ways: plain torch, streamrt, streamrt + a captured step.
+"""A small varlen transformer trained four ways: plain torch, streamrt, and two captured forms.
 
-The model is a decoder-only transformer over *packed* variable-length
-sequences: each batch holds ``seqs`` sequences of random length packed into
-a fixed token budget, described by ``cu_seqlens`` (int32, ``seqs + 1``
-prefix sums, the varlen convention of FlashAttention and the FMHA backward).
-Attention is torch's ``scaled_dot_product_attention`` with a block-diagonal
-causal mask built on the device from ``cu_seqlens`` (padding + mask: the
-portable form of varlen attention). The data is a synthetic token stream
-(arithmetic progressions modulo the vocabulary with some noise, fixed seed),
-so the loss falls quickly from ``ln(vocab)``.
+The model, its data and its sizes are in ``train_model.py`` beside this file.
 
 Variants (same data, same initial weights, same optimizer, so the same losses):
 
@@ -30,7 +22,12 @@ Variants (same data, same initial weights, same optimizer, so the same losses):
 (c) (b) with the training step (forward, backward, optimizer) captured into a
     CUDA graph after ``warmup`` eager steps and replayed on static input
     buffers (static shapes: every batch is padded to the token budget).
-    Needs CUDA: skipped on CPU.
+(d) the whole step in one ``torch.cuda.graph``, replayed once per step: the
+    batch from pinned staging into static buffers, the workspace prepare with
+    its host pack (recorded into torch's capture), forward, backward,
+    optimizer, the loss to the host, and a host function that stages the next
+    batch. The host only makes the batch and replays (see :class:`_WholeStep`).
+(c) and (d) need CUDA: they are skipped on CPU.
 
 On CPU (``--device cpu``, CI) streamrt runs on its simulator and CPU torch
 computes on tensors that alias the simulated device's memory (see
@@ -44,7 +41,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
+import os
 import sys
 import time
 from collections import deque
@@ -54,9 +51,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import streamrt as srt
 import streamrt.torch as st
@@ -71,174 +65,28 @@ from streamrt.recipes.fmha_bwd import (
     workspace_size,
 )
 
-VARIANTS = ("a", "b", "c")
-IGNORE = -100
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # train_model.py, beside this file
+from train_model import (  # noqa: E402
+    FULL,
+    IGNORE,
+    REDUCED,
+    Config,
+    VarlenLM,
+    backward_and_step,
+    build,
+    forward_loss,
+    step_body,
+    synthetic_batches,
+    train_step,
+)
 
+__all__ = ["FULL", "REDUCED", "VARIANTS", "Config", "Result", "compare", "main", "run_plain", "run_streamrt", "run_whole_graph", "synthetic_batches"]
+
+VARIANTS = ("a", "b", "c", "d")
 
 #: The host pack both ways use: the C one where it was built (no GIL while it runs), else numpy.
 PACK = "native" if native_pack_available() else "python"
 _pack_on_this_thread = pack_metadata_native if PACK == "native" else pack_metadata
-
-
-# -- configuration -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Config:
-    """Model, data and loop sizes. ``token_budget`` is the padded length of every batch."""
-
-    vocab: int = 256
-    d_model: int = 256
-    n_heads: int = 4
-    n_layers: int = 2
-    seqs: int = 16
-    min_seqlen: int = 8
-    max_seqlen: int = 128
-    steps: int = 200
-    lr: float = 3e-3
-    seed: int = 0
-    lag: int = 2
-    depth: int = 2
-    verify_every: int = 10
-    warmup: int = 3
-    prepare: bool = True
-
-    @property
-    def token_budget(self) -> int:
-        return -(-self.seqs * self.max_seqlen // 64) * 64
-
-    def workspace_params(self, num_cus: int) -> WorkspaceParams:
-        return WorkspaceParams(
-            batch=self.seqs,
-            nhead=self.n_heads,
-            hdim_q=self.d_model // self.n_heads,
-            kM0=64,
-            kN0=64,
-            num_cus=num_cus,
-            deterministic=True,
-            max_seqlen_q=self.max_seqlen,
-            max_seqlen_k=self.max_seqlen,
-            total_q_padded=self.token_budget,
-        )
-
-
-FULL = Config()
-REDUCED = Config(vocab=64, d_model=32, n_heads=2, n_layers=1, seqs=4, min_seqlen=2, max_seqlen=16, steps=12, verify_every=4, warmup=2)
-
-
-# -- data ----------------------------------------------------------------------------------------------------
-
-
-def synthetic_batches(cfg: Config, steps: int | None = None) -> Iterator[dict[str, torch.Tensor]]:
-    """``steps`` packed varlen batches (CPU tensors): ``tokens``, ``targets`` (int64, ``token_budget``)
-    and ``cu_seqlens`` (int32, ``seqs + 1``). Deterministic in ``cfg.seed``.
-
-    Sequence ``i`` is ``(start_i + stride_i * t) mod vocab`` with 5% of tokens replaced at
-    random; the target of a token is the next token of its sequence (``-100`` at the end of
-    a sequence and in the padding).
-    """
-    rng = np.random.default_rng(cfg.seed)
-    n = cfg.steps if steps is None else steps
-    budget = cfg.token_budget
-    for _ in range(n):
-        lengths = rng.integers(cfg.min_seqlen, cfg.max_seqlen + 1, size=cfg.seqs)
-        cu = np.zeros(cfg.seqs + 1, dtype=np.int32)
-        np.cumsum(lengths, out=cu[1:])
-        total = int(cu[-1])
-        seq = np.repeat(np.arange(cfg.seqs), lengths)
-        pos = np.arange(total) - cu[seq]
-        start = rng.integers(0, cfg.vocab, size=cfg.seqs)
-        stride = rng.integers(1, 4, size=cfg.seqs)
-        tok = (start[seq] + stride[seq] * pos) % cfg.vocab
-        noise = rng.random(total) < 0.05
-        tok[noise] = rng.integers(0, cfg.vocab, size=int(noise.sum()))
-        tokens = np.zeros(budget, dtype=np.int64)
-        tokens[:total] = tok
-        targets = np.full(budget, IGNORE, dtype=np.int64)
-        targets[: total - 1] = tok[1:]
-        targets[cu[1:] - 1] = IGNORE  # the last token of each sequence predicts nothing
-        yield {"tokens": torch.from_numpy(tokens), "targets": torch.from_numpy(targets), "cu_seqlens": torch.from_numpy(cu)}
-
-
-# -- the model -----------------------------------------------------------------------------------------------
-
-
-class Block(nn.Module):
-    def __init__(self, d: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.norm1 = nn.LayerNorm(d)
-        self.qkv = nn.Linear(d, 3 * d)
-        self.proj = nn.Linear(d, d)
-        self.norm2 = nn.LayerNorm(d)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        t, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(t, 3, self.heads, d // self.heads).permute(1, 2, 0, 3).unsqueeze(1)
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [1, heads, t, d/heads]
-        x = x + self.proj(a.squeeze(0).transpose(0, 1).reshape(t, d))
-        return x + self.mlp(self.norm2(x))
-
-
-class VarlenLM(nn.Module):
-    """A pre-LN decoder over packed sequences; attention is block-diagonal causal (from ``cu_seqlens``).
-
-    The token embedding is a one-hot matmul: its backward is a plain matmul, so a
-    training step has no data-dependent kernel and no host synchronization anywhere.
-    """
-
-    vocab_ids: torch.Tensor
-    freqs: torch.Tensor
-
-    def __init__(self, cfg: Config) -> None:
-        super().__init__()
-        self.d = cfg.d_model
-        self.embed = nn.Parameter(torch.randn(cfg.vocab, cfg.d_model) * 0.02)
-        self.register_buffer("vocab_ids", torch.arange(cfg.vocab), persistent=False)
-        self.register_buffer("freqs", torch.exp(torch.arange(0, cfg.d_model, 2) * (-math.log(10000.0) / cfg.d_model)), persistent=False)
-        self.blocks = nn.ModuleList(Block(cfg.d_model, cfg.n_heads) for _ in range(cfg.n_layers))
-        self.norm = nn.LayerNorm(cfg.d_model)
-        self.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
-
-    def forward(self, tokens: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
-        t = tokens.shape[0]
-        pos = torch.arange(t, device=tokens.device)
-        cu = cu_seqlens.long()
-        seg = torch.searchsorted(cu[1:], pos, right=True)  # sequence of each token; padding gets its own
-        pos_in_seq = (pos - cu[seg]).float()
-        angles = pos_in_seq[:, None] * self.freqs[None, :]
-        x = (tokens[:, None] == self.vocab_ids[None, :]).float() @ self.embed
-        x = x + torch.cat([angles.sin(), angles.cos()], dim=1)
-        mask = (seg[:, None] == seg[None, :]) & (pos[None, :] <= pos[:, None])  # True = may attend
-        for blk in self.blocks:
-            x = blk(x, mask)
-        return self.head(self.norm(x))
-
-
-def build(cfg: Config, device: torch.device) -> tuple[VarlenLM, torch.optim.Optimizer]:
-    """The model (same initial weights for every variant) and its optimizer."""
-    torch.manual_seed(cfg.seed)
-    model = VarlenLM(cfg).to(device)
-    # capturable: the step count lives on the device (no host value per step; a graph can replay it)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, capturable=device.type == "cuda")
-    return model, opt
-
-
-def train_step(model: VarlenLM, opt: torch.optim.Optimizer, tokens: torch.Tensor, targets: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
-    """Forward, backward, optimizer step; returns the loss tensor (on the device). No host sync."""
-    opt.zero_grad(set_to_none=True)
-    return _step_body(model, opt, tokens, targets, cu)
-
-
-def _step_body(model: VarlenLM, opt: torch.optim.Optimizer, tokens: torch.Tensor, targets: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
-    # The math attention backend: its backward is matmuls, bitwise reproducible, where the fused
-    # kernels' backward accumulates with atomics; so the variants can be compared closely.
-    with sdpa_kernel(SDPBackend.MATH):
-        loss = F.cross_entropy(model(tokens, cu), targets, ignore_index=IGNORE)
-        loss.backward()
-    opt.step()
-    return loss.detach()
 
 
 # -- helpers shared by the variants ------------------------------------------------------------------------------------
@@ -275,7 +123,7 @@ def _num_cus(device: torch.device) -> int:
     return 132  # the simulated H200
 
 
-def _host_copies(batches: Iterator[dict[str, torch.Tensor]], keep: deque[np.ndarray]) -> Iterator[dict[str, torch.Tensor]]:
+def _host_copies(batches: Iterator[dict[str, torch.Tensor]], keep: deque[np.ndarray] | list[np.ndarray]) -> Iterator[dict[str, torch.Tensor]]:
     """Pass batches through, keeping a host copy of each ``cu_seqlens`` (for the metadata check)."""
     for b in batches:
         keep.append(b["cu_seqlens"].numpy().copy())
@@ -382,7 +230,7 @@ class _GraphStep:
             self.graph = torch.cuda.CUDAGraph()
             # thread_local: streamrt's completion threads keep waiting on events during the capture
             with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-                self.loss = _step_body(self.model, self.opt, self.tokens, self.targets, self.cu)
+                self.loss = step_body(self.model, self.opt, self.tokens, self.targets, self.cu)
         self.graph.replay()
         assert self.loss is not None
         return self.loss
@@ -458,6 +306,165 @@ def run_streamrt(
     return Result(variant, losses, seconds, check.verified, notes, stats)
 
 
+# -- variant (d): the whole step in one torch.cuda.graph -------------------------------------------------------------
+
+
+def _carve(block: torch.Tensor, cfg: Config) -> dict[str, torch.Tensor]:
+    """``cu_seqlens``, ``tokens`` and ``targets`` as views of one uint8 ``block`` (16-byte aligned)."""
+    views, offset = {}, 0
+    for name, dtype, n in (("cu_seqlens", torch.int32, cfg.seqs + 1), ("tokens", torch.int64, cfg.token_budget), ("targets", torch.int64, cfg.token_budget)):
+        nbytes = n * dtype.itemsize
+        views[name] = block[offset : offset + nbytes].view(dtype)
+        offset += -(-nbytes // 16) * 16
+    return views
+
+
+def _block_bytes(cfg: Config) -> int:
+    return sum(-(-n // 16) * 16 for n in (4 * (cfg.seqs + 1), 8 * cfg.token_budget, 8 * cfg.token_budget))
+
+
+class _Feed:
+    """(d)'s input on the host: batches the loop queued, staged into pinned memory in stream order.
+
+    It runs as a host function recorded into the graph, so it holds no reference to the graph
+    (the graph keeps it alive: a reference back would be a cycle no collector sees).
+    """
+
+    def __init__(self, staging: dict[str, torch.Tensor]) -> None:
+        self.views = {k: t.numpy() for k, t in staging.items()}
+        self.pending: deque[dict[str, torch.Tensor]] = deque()
+
+    def stage(self, batch: dict[str, torch.Tensor]) -> None:
+        for k, view in self.views.items():
+            np.copyto(view, batch[k].numpy())
+
+    def __call__(self) -> None:
+        if self.pending:
+            self.stage(self.pending.popleft())
+
+
+class _LossLog:
+    """(d)'s losses: a host function recorded into the graph reads the pinned loss of each replay."""
+
+    def __init__(self, pinned: torch.Tensor) -> None:
+        self.view = pinned.numpy()
+        self.losses: list[float] = []
+
+    def __call__(self) -> None:
+        self.losses.append(float(self.view))
+
+
+class _WholeStep:
+    """(d)'s step: one function, run eagerly for the warm-up steps and then captured whole.
+
+    In stream order on ``cap`` (a torch stream; torch's capture stream): the staged batch into
+    its static buffers (one H2D from pinned staging); then forks, joined at the end of the step:
+    the workspace prepare on ``prep`` (memset ∥ D2H → pack → H2D, recorded into torch's capture),
+    a host function on ``feed`` that stages the next batch (the staging is free once its H2D is
+    done), and, after the forward, the loss's D2H and a host function that logs it on ``out``;
+    backward and optimizer on ``cap``. Eager or replayed the order is the same, so the staging is
+    never written while a copy reads it and the losses are logged in step order.
+    """
+
+    def __init__(self, cfg: Config, model: VarlenLM, opt: torch.optim.Optimizer, rt: srt.Runtime, prep: WorkspacePrepare | None, block: torch.Tensor) -> None:
+        self.model, self.opt, self.prep, self.warmup = model, opt, prep, cfg.warmup
+        self.block, self.static = block, _carve(block, cfg)
+        self.pinned = torch.empty(block.shape, dtype=torch.uint8, pin_memory=True)
+        self.feed = _Feed(_carve(self.pinned, cfg))
+        self.loss_host = torch.zeros((), dtype=torch.float32, pin_memory=True)
+        self.log = _LossLog(self.loss_host)
+        self.cap, self.prep_side, self.feed_side, self.out_side = (torch.cuda.Stream(block.device) for _ in range(4))
+        self.s_prep, self.s_feed, self.s_out = (rt.wrap_stream(x) for x in (self.prep_side, self.feed_side, self.out_side))
+        self.graph: Any = None
+
+    def _body(self) -> None:
+        cap = self.cap
+        self.block.copy_(self.pinned, non_blocking=True)
+        self.prep_side.wait_stream(cap)
+        self.feed_side.wait_stream(cap)
+        if self.prep is not None:
+            self.prep.launch(self.s_prep)
+        self.s_feed.launch_host_func(self.feed)
+        loss = forward_loss(self.model, self.static["tokens"], self.static["targets"], self.static["cu_seqlens"])
+        self.out_side.wait_stream(cap)
+        with torch.cuda.stream(self.out_side):
+            self.loss_host.copy_(loss.detach(), non_blocking=True)
+        self.s_out.launch_host_func(self.log)
+        backward_and_step(self.opt, loss)
+        for side in (self.prep_side, self.feed_side, self.out_side):
+            cap.wait_stream(side)
+
+    def __call__(self, step: int) -> None:
+        """Step ``step`` on ``cap`` (torch's current stream): eager before ``warmup``, then the graph."""
+        if step < self.warmup:
+            self.opt.zero_grad(set_to_none=True)
+            self._body()
+            return
+        if self.graph is None:
+            self.opt.zero_grad(set_to_none=True)
+            self.graph = torch.cuda.CUDAGraph()
+            # thread_local: streamrt's completion threads keep waiting on events during the capture
+            with torch.cuda.graph(self.graph, stream=self.cap, capture_error_mode="thread_local"):
+                self._body()
+        self.graph.replay()
+
+
+def run_whole_graph(cfg: Config, device: torch.device, rt: srt.Runtime, *, on_step: StepHook | None = None) -> Result:
+    """(d): the whole step, prepare included, in one ``torch.cuda.graph`` (see :class:`_WholeStep`).
+
+    ``stats["host_us_per_step"]``: the host's mean time per replayed step, split into making the
+    batch, the replay, and the rest (queueing the batch for the feed, the verification fetches).
+    """
+    if device.type != "cuda":
+        raise ValueError("variant (d) captures the step into a CUDA graph: it needs --device cuda")
+    model, opt = build(cfg, device)
+    params = cfg.workspace_params(_num_cus(device))
+    region = params.metadata_region_bytes
+    ws = st.device_empty(rt, workspace_size(params), torch.uint8)
+    block = st.device_empty(rt, _block_bytes(cfg), torch.uint8)  # the static batch: cu_seqlens | tokens | targets
+    ws.zero_()
+    block.zero_()
+    seq = _carve(block, cfg)["cu_seqlens"]
+    prep = WorkspacePrepare(rt, params, seq, seq, ws, pack=PACK) if cfg.prepare else None
+    whole = _WholeStep(cfg, model, opt, rt, prep, block)
+    check = _MetadataCheck(params)
+    host_cu: list[np.ndarray] = []
+    spent = np.zeros(3)  # making the batch, the replay, the rest: summed over the replayed steps
+    t0 = time.perf_counter()
+    batches = _host_copies(synthetic_batches(cfg), host_cu)
+    whole.cap.wait_stream(torch.cuda.current_stream(device))  # the weights and buffers made above
+    with torch.cuda.stream(whole.cap):
+        first = next(batches, None)
+        if first is not None:
+            whole.feed.stage(first)  # nothing reads the staging yet
+        for step in range(cfg.steps if first is not None else 0):
+            t_a = time.perf_counter()
+            nxt = next(batches, None)
+            t_b = time.perf_counter()
+            if nxt is not None:
+                whole.feed.pending.append(nxt)
+            t_c = time.perf_counter()
+            _span(rt, "warmup step" if step < cfg.warmup else "graph replay", whole, step)
+            t_d = time.perf_counter()
+            if prep is not None and step % cfg.verify_every == 0:
+                check.add(step, host_cu[step], st.fetch(rt, ws[:region]))  # before the next step rewrites it
+            check.poll()
+            if step > cfg.warmup:
+                spent += (t_b - t_a, t_d - t_c, (t_c - t_b) + (time.perf_counter() - t_d))
+            if on_step is not None:
+                on_step(step)
+        whole.cap.synchronize()
+    check.verify()
+    seconds = time.perf_counter() - t0
+    if prep is not None:
+        prep.close()
+    replayed = max(cfg.steps - cfg.warmup - 1, 1)
+    batch_us, replay_us, rest_us = (spent * 1e6 / replayed).tolist()
+    stats = {"host_us_per_step": {"batch": batch_us, "replay": replay_us, "rest": rest_us}}
+    notes = [f"the whole step captured at step {cfg.warmup} after {cfg.warmup} eager steps; host per replayed step: replay {replay_us:.1f} µs, rest {rest_us:.1f} µs"]
+    return Result("d", whole.log.losses, seconds, check.verified, notes, stats)
+
+
 # -- running and comparing ----------------------------------------------------------------------------------------------
 
 
@@ -477,13 +484,15 @@ def open_runtime_for(device: torch.device, backend: str | None = None, **options
 
 
 def run_variant(variant: str, cfg: Config, device: str | torch.device = "cpu", *, backend: str | None = None) -> Result | None:
-    """Run one variant; ``None`` (with the reason printed) for (c) on CPU."""
+    """Run one variant; ``None`` for (c) and (d) on CPU (they capture CUDA graphs)."""
     dev = torch.device(device)
     if variant == "a":
         return run_plain(cfg, dev)
-    if variant == "c" and dev.type != "cuda":
+    if variant in ("c", "d") and dev.type != "cuda":
         return None
     with open_runtime_for(dev, backend) as rt:
+        if variant == "d":
+            return run_whole_graph(cfg, dev, rt)
         return run_streamrt(cfg, dev, rt, graph=variant == "c")
 
 
@@ -513,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--steps", type=int, default=None, help="training steps (default: 200, or 12 with --reduced)")
     ap.add_argument("--reduced", action="store_true", help="the CI size: a tiny model, a few steps")
-    ap.add_argument("--variants", default="a,b,c", help="comma-separated subset of a,b,c")
+    ap.add_argument("--variants", default="a,b,c,d", help="comma-separated subset of a,b,c,d")
     ap.add_argument("--backend", default=None, help="streamrt backend (default: sim for cpu, auto for cuda)")
     ap.add_argument("--no-prepare", action="store_true", help="leave out the FMHA workspace prepare")
     ap.add_argument("--print-losses", action="store_true", help="print each variant's losses as they are logged")
@@ -540,9 +549,18 @@ def main(argv: list[str] | None = None) -> int:
     for v in variants:
         if v == "a":
             res = run_plain(cfg, device)
-        elif v == "c" and device.type != "cuda":
-            print("(c) skipped: capturing the step into a CUDA graph needs --device cuda")
+        elif v in ("c", "d") and device.type != "cuda":
+            print(f"({v}) skipped: capturing the step into a CUDA graph needs --device cuda")
             continue
+        elif v == "d":
+            try:
+                with open_runtime_for(device, args.backend) as rt:
+                    res = run_whole_graph(cfg, device, rt)
+            except srt.CaptureError as exc:  # e.g. streamrt built without its C extension
+                print(f"(d) skipped: {exc}")
+                continue
+            for step, value in enumerate(res.losses if args.print_losses else []):
+                print(f"  (d) step {step}: loss {value:.4f}")
         else:
             sink = (lambda step, value, v=v: print(f"  ({v}) step {step}: loss {value:.4f}")) if args.print_losses else None
             with open_runtime_for(device, args.backend) as rt:

@@ -1,6 +1,6 @@
-"""Training-loop benchmark (issue 8): plain torch (a) vs streamrt (b) vs streamrt + a captured step (c).
+"""Training-loop benchmark: plain torch (a), streamrt (b), a captured step (c), the whole step captured (d).
 
-Runs ``demos/train_loop.py``'s three variants side by side in one process, for
+Runs ``demos/train_loop.py``'s four variants side by side in one process, for
 each model size of a sweep, and measures per variant:
 
 * **step time**: wall time of ``--steps`` steps after ``--warmup`` steps,
@@ -20,14 +20,16 @@ each model size of a sweep, and measures per variant:
   idle of a run whose host barely keeps ahead of the GPU. *Timed*: ``1 - (GPU
   busy per step) / (step time)``, the profiled busy time over the unprofiled
   step time;
-* the losses of the three variants are compared (they must agree).
+* for (d), the host's time per replayed step, split into making the batch,
+  the replay (``CUDAGraph.replay``) and the rest;
+* the losses of the variants are compared (they must agree).
 
 The summary names, for each size, (b)'s speedup over (a); a size is
 "host-bound" for (a) when (a)'s GPU idles at least ``--host-bound-idle`` of
 the time. With ``--images`` it also writes streamrt timelines of a few steps of
 (a) and (b) at the headline size (``rt.trace()``; torch's work shows as one
-span per step, host waits as blocking records): ``docs/img/train-a.png`` and
-``docs/img/train-b.png``.
+span per step, host waits as blocking records): ``docs/img/train-a.png``,
+``docs/img/train-b.png`` and ``docs/img/train-d.png``.
 
     python demos/bench/train_loop_bench.py --out train_loop.json --images
 
@@ -227,7 +229,9 @@ def run_once(
     trace_path: Path | None = None,
     runtime_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One run of ``variant``: ``mode`` is ``"time"`` (timing + sync counting), ``"profile"`` or ``"trace"``."""
+    """One run of ``variant``: ``mode`` is ``"time"`` (timing + sync counting), ``"profile"``, ``"trace"``,
+    or ``"paced"`` (the host waits for the GPU after every step, so that (d)'s host split measures
+    its calls, not the driver's back-pressure on a host that runs ahead)."""
     total = warmup + steps
     cfg = dataclasses.replace(cfg, steps=total, warmup=min(cfg.warmup, max(warmup - 1, 1)))
     out: dict[str, Any] = {}
@@ -239,7 +243,9 @@ def run_once(
 
     def on_step(step: int) -> None:
         rt = rt_holder[0] if rt_holder else None
-        if step == warmup - 1:
+        if mode == "paced":
+            _sync(device, rt)
+        elif step == warmup - 1:
             _sync(device, rt)
             if mode == "time":
                 counter.start()
@@ -265,6 +271,8 @@ def run_once(
     try:
         if variant == "a":
             res = demo.run_plain(cfg, device, rt=rt if mode == "trace" else None, on_step=on_step)
+        elif variant == "d":
+            res = demo.run_whole_graph(cfg, device, rt, on_step=on_step)
         else:
             res = demo.run_streamrt(cfg, device, rt, graph=variant == "c", on_step=on_step)
         if mode == "trace" and region and trace_path is not None:
@@ -285,6 +293,8 @@ def run_once(
         out["stats"] = res.stats
     if mode == "profile":
         out.update(prof.result)
+    if mode == "paced":
+        out["stats"] = res.stats
     return out
 
 
@@ -296,12 +306,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=("cuda", "cpu"), default=None, help="torch's device (default: cpu with --backend sim, else cuda)")
     ap.add_argument("--backend", default="auto", help="streamrt backend for (b)/(c) (default auto; sim with --device cpu)")
     ap.add_argument("--sizes", default=None, help=f"model sizes, a subset of {','.join(SIZES)} (default s,sm,m,l; xs on cpu)")
-    ap.add_argument("--variants", default="a,b,c")
+    ap.add_argument("--variants", default="a,b,c,d")
     ap.add_argument("--warmup", type=int, default=None, help="steps before every measured window (default 15; 2 on cpu)")
     ap.add_argument("--steps", type=int, default=None, help="steps in the timing window (default 60; 5 on cpu)")
+    ap.add_argument("--rounds", type=int, default=3, help="timing rounds per size, the variants interleaved in each (default 3)")
     ap.add_argument("--profile-steps", type=int, default=20, help="steps in the profiler window (0: no profile)")
     ap.add_argument("--host-bound-idle", type=float, default=0.25, help="(a) is host-bound when its GPU idles at least this fraction")
-    ap.add_argument("--images", action="store_true", help="write docs/img/train-a.png and train-b.png (needs matplotlib)")
+    ap.add_argument("--images", action="store_true", help="write docs/img/train-{a,b,d}.png (needs matplotlib)")
     ap.add_argument("--image-dir", default=str(ROOT / "docs" / "img"))
     ap.add_argument(
         "--switch-interval-us",
@@ -326,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     if device.type != "cuda":
-        variants = [v for v in variants if v != "c"]
+        variants = [v for v in variants if v not in ("c", "d")]
     results: dict[str, Any] = {
         "machine": {
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (simulator)",
@@ -342,9 +353,17 @@ def main(argv: list[str] | None = None) -> int:
     for size in sizes:
         cfg = config(size, args.warmup + args.steps)
         entry: dict[str, Any] = {"config": {k: getattr(cfg, k) for k in ("d_model", "n_layers", "n_heads", "seqs", "max_seqlen", "vocab", "token_budget")}}
+        for r in range(args.rounds):  # interleaved: every round times each variant once
+            for v in variants:
+                print(f"[{size}] ({v}) timing, round {r + 1}/{args.rounds} ...", flush=True)
+                t = run_once(v, cfg, device, warmup=args.warmup, steps=args.steps, mode="time", backend=backend, runtime_options=options)
+                if r == 0:
+                    entry[v] = t
+                    entry[v]["step_ms_rounds"] = []
+                entry[v]["step_ms_rounds"].append(t["step_ms"])
         for v in variants:
-            print(f"[{size}] ({v}) timing ...", flush=True)
-            entry[v] = run_once(v, cfg, device, warmup=args.warmup, steps=args.steps, mode="time", backend=backend, runtime_options=options)
+            rounds = entry[v]["step_ms_rounds"]
+            entry[v]["step_ms"] = sorted(rounds)[len(rounds) // 2]  # the median round
             if args.profile_steps and device.type == "cuda":
                 print(f"[{size}] ({v}) profiling ...", flush=True)
                 try:
@@ -354,17 +373,22 @@ def main(argv: list[str] | None = None) -> int:
                     entry[v]["gpu_idle_timed"] = max(0.0, 1.0 - busy_ms / entry[v]["step_ms"])
                 except Exception as exc:  # noqa: BLE001 - report and keep measuring
                     entry[v]["profile"] = {"error": f"{type(exc).__name__}: {exc}"}
+        if "d" in variants:
+            print(f"[{size}] (d) paced host split ...", flush=True)
+            entry["d"]["stats"] = run_once("d", cfg, device, warmup=args.warmup, steps=args.steps, mode="paced", backend=backend, runtime_options=options)["stats"]
         present = [entry[v] for v in variants]
         rtol, atol = demo.tolerances(device)
         res_objs = [demo.Result(v, entry[v]["losses"], 0.0) for v in variants]
         entry["losses_agree"] = demo.compare(res_objs, rtol=rtol, atol=atol) == []
         entry["loss_mismatches"] = demo.compare(res_objs, rtol=rtol, atol=atol)
+        for x, y in (("b", "a"), ("c", "a"), ("d", "a"), ("d", "c")):
+            if x in entry and y in entry:  # the median, and the range over the rounds
+                ratios = [p / q for p, q in zip(entry[y]["step_ms_rounds"], entry[x]["step_ms_rounds"])]
+                entry[f"speedup_{x}_over_{y}"] = entry[y]["step_ms"] / entry[x]["step_ms"]
+                entry[f"speedup_{x}_over_{y}_range"] = [min(ratios), max(ratios)]
         if "a" in entry and "b" in entry:
-            entry["speedup_b_over_a"] = entry["a"]["step_ms"] / entry["b"]["step_ms"]
             idle_a = entry["a"].get("profile", {}).get("gpu_idle_fraction")
             entry["a_host_bound"] = idle_a is not None and idle_a >= args.host_bound_idle
-        if "a" in entry and "c" in entry:
-            entry["speedup_c_over_a"] = entry["a"]["step_ms"] / entry["c"]["step_ms"]
         for r in present:
             r["losses"] = [round(x, 6) for x in r["losses"]]
         results["sizes"][size] = entry
@@ -376,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         img = Path(args.image_dir)
         img.mkdir(parents=True, exist_ok=True)
         cfg = config(headline, args.warmup + 6)
-        for v in ("a", "b"):
+        for v in [v for v in ("a", "b", "d") if v in variants]:
             path = img / f"train-{v}.png"
             print(f"[{headline}] ({v}) tracing -> {path}", flush=True)
             t = run_once(v, cfg, device, warmup=args.warmup, steps=6, mode="trace", backend=backend, trace_path=path, runtime_options=options)
@@ -423,6 +447,13 @@ def _print_table(results: dict[str, Any], variants: list[str]) -> None:
                 f"{_fmt(prof.get('gpu_idle_fraction'), '.1%', 10)}{_fmt(prof.get('profiled_step_ms'), '.3f', 9)}"
                 f"{_fmt(r.get('gpu_idle_timed'), '.1%', 11)}{_fmt(None if busy is None else busy / 1e3, '.3f', 12)}{_fmt(speed, '.2f', 7)}x"
             )
+        split = e.get("d", {}).get("stats", {}).get("host_us_per_step")
+        if split:
+            print(f"      (d) host per replayed step: batch {split['batch']:.1f} µs, replay {split['replay']:.1f} µs, rest {split['rest']:.1f} µs")
+        for x, y in (("b", "a"), ("d", "a"), ("d", "c")):
+            if f"speedup_{x}_over_{y}" in e:
+                lo, hi = e[f"speedup_{x}_over_{y}_range"]
+                print(f"      ({x}) vs ({y}): {e[f'speedup_{x}_over_{y}']:.3f}x (rounds {lo:.3f}-{hi:.3f}x)")
         flag = " (a) host-bound" if e.get("a_host_bound") else ""
         print(f"      losses agree: {e['losses_agree']}{flag}")
     if results.get("headline_size"):

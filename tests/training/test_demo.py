@@ -1,10 +1,12 @@
-"""demos/train_loop.py: the three variants train the same model to the same losses."""
+"""demos/train_loop.py: the four variants train the same model to the same losses."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -51,7 +53,12 @@ def test_compare_reports_a_difference(demo: ModuleType) -> None:
 def test_cli_reduced_cpu(demo: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
     assert demo.main(["--device", "cpu", "--reduced", "--steps", "5"]) == 0
     out = capsys.readouterr().out
-    assert "(c) skipped" in out and "all variants agree" in out
+    assert "(c) skipped" in out and "(d) skipped" in out and "all variants agree" in out
+
+
+def test_the_whole_step_graph_needs_cuda(demo: ModuleType) -> None:
+    with demo.open_runtime_for(torch.device("cpu")) as rt, pytest.raises(ValueError, match="needs --device cuda"):
+        demo.run_whole_graph(demo.REDUCED, torch.device("cpu"), rt)
 
 
 @pytest.mark.gpu
@@ -71,3 +78,36 @@ def test_full_variants_agree_on_gpu(demo: ModuleType) -> None:
     assert results[1].verified_steps and results[2].verified_steps
     first, last = results[0].losses[:10], results[0].losses[-10:]
     assert sum(last) / 10 < sum(first) / 10 - 0.5  # it learns
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("backend", "pack"), [("cuda", "native"), ("cuda", "python"), ("hip", "native")])
+def test_the_whole_step_in_one_torch_graph_matches_plain_torch(demo: ModuleType, backend: str, pack: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(d): the step, prepare and host functions included, replayed from one torch.cuda.graph; the
+    losses agree with (a) at every step and the replayed metadata matches the oracle at every check."""
+    from streamrt import _graph_release
+    from streamrt._backends import probe_backend
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs torch with CUDA")
+    for reason in (probe_backend(backend), _graph_release.unavailable_reason()):
+        if reason is not None:
+            pytest.skip(reason)
+    if pack == "native" and demo.PACK != "native":
+        pytest.skip("the recipe's C pack is not built")
+    monkeypatch.setattr(demo, "PACK", pack)
+    cfg = dataclasses.replace(demo.FULL, steps=41, verify_every=5)
+    device = torch.device("cuda", 0)
+    a = demo.run_plain(cfg, device)
+    ties = _graph_release.pending_releases()
+    with demo.open_runtime_for(device, backend) as rt:
+        d = demo.run_whole_graph(cfg, device, rt)
+    deadline = time.monotonic() + 10
+    while _graph_release.pending_releases() > ties:  # torch destroyed the graph when the demo let it go
+        assert time.monotonic() < deadline, "(d)'s graph outlived the run: a reference cycle through its host functions?"
+        time.sleep(0.01)
+    assert len(d.losses) == cfg.steps
+    rtol, atol = demo.tolerances(device)
+    assert demo.compare([a, d], rtol=rtol, atol=atol) == []
+    assert d.verified_steps == list(range(0, cfg.steps, cfg.verify_every))  # 3 eager steps, then replays
+    assert d.stats["host_us_per_step"]["replay"] > 0
