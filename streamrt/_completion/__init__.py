@@ -18,6 +18,11 @@ resolved Completions:
   on its stream and complete in order), and wakes each asyncio loop once per
   batch (``loop.call_soon_threadsafe``). An idle lane sleeps on a lock: no
   polling.
+* **Lazy wake-ups.** A lane wakes for pushed work only while someone waits
+  for it (``Completion.wait``, an await past its polling, a done callback, a
+  drain), once a backlog builds up, or at the watchdog's next check;
+  ``Completion.is_done`` retires complete work on the calling thread (see
+  :class:`~._lane._Lane`, "Lazy wake-ups").
 * **Polling awaits.** For ``await_poll_us`` after an ``await`` of pending
   work begins, the awaiting task polls the work's lanes itself, once per
   turn of its loop (:meth:`Completion._poll_lanes`, :meth:`_Lane.poll`), and

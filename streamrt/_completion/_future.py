@@ -206,7 +206,15 @@ class Completion:
     # -- observing ---------------------------------------------------------------
     @property
     def is_done(self) -> bool:
-        """``True`` once resolved (the work completed or failed). Never blocks."""
+        """``True`` once resolved (the work completed or failed). Never blocks.
+
+        While pending it retires, on the calling thread, whatever of its lanes' work is complete
+        (one event query; done callbacks may run here), so a loop that polls it needs no runtime
+        thread to wake.
+        """
+        if not self._done:
+            for lane in self._lanes:
+                lane.poll()
         return self._done
 
     def wait(self, timeout: float | None = None) -> None:
@@ -230,10 +238,16 @@ class Completion:
             event = self._event
             if event is None:
                 event = self._event = threading.Event()
-        for lane in self._lanes:  # a push from a loop's thread may have left its lane asleep
-            lane.nudge()
-        if not event.wait(timeout):
-            raise TimeoutError(f"work not completed within {timeout} s")
+        lanes = self._lanes
+        key = object()  # this wait's hold (several threads may wait at once)
+        for lane in lanes:  # keep them waiting in the driver meanwhile (see _Lane, "Lazy wake-ups")
+            lane.hold(key)
+        try:
+            if not event.wait(timeout):
+                raise TimeoutError(f"work not completed within {timeout} s")
+        finally:
+            for lane in lanes:
+                lane.release(key)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """Wait like :meth:`wait`, then return the work's exception or ``None``."""
@@ -263,7 +277,16 @@ class Completion:
                     if self._callbacks is None:
                         self._callbacks = []
                     self._callbacks.append(fn)
-                    return
+                    registered = True
+                else:
+                    registered = False
+            if registered:
+                for lane in self._lanes:  # held until resolved (_resolve releases them)
+                    lane.hold(self)
+                if self._done:  # resolved meanwhile, maybe before the hold: release it here too
+                    for lane in self._lanes:
+                        lane.release(self)
+                return
         _run_callback(fn, self)
 
     def __await__(self) -> Generator[Any, None, Any]:
@@ -280,6 +303,9 @@ class Completion:
                     self._waiters.append((loop, fut))
                     registered = True
             if registered:
+                lanes = self._lanes
+                for lane in lanes:  # past its polling the await waits for the lane threads
+                    lane.hold(fut)
                 try:
                     yield from fut
                 except asyncio.CancelledError:
@@ -290,6 +316,9 @@ class Completion:
                     # awaits at any allocation, possibly inside a _state_lock section.
                     self._forget_waiter(fut)
                     raise
+                finally:
+                    for lane in lanes:
+                        lane.release(fut)
         return self.result()
 
     def _poll_lanes(self) -> Generator[None, None, None]:
@@ -373,6 +402,8 @@ class Completion:
                     else:
                         batch.append(fut)
         if callbacks is not None:
+            for lane in self._lanes:  # the holds add_done_callback took
+                lane.release(self)
             for fn in callbacks:
                 _run_callback(fn, self)
         return True

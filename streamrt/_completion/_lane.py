@@ -26,6 +26,10 @@ __all__ = ["_Entry", "_Lane"]
 _log = logging.getLogger("streamrt")
 
 _POLL_GAP_NS = 2_000
+# Lazy wake-ups (see _Lane, "Lazy wake-ups"): a push wakes a lane nobody waits on only once this
+# many entries are queued; the lane then waits for them until fewer than _BACKLOG_LOW are left.
+_BACKLOG_HIGH = 64
+_BACKLOG_LOW = 32
 
 
 class _Entry:
@@ -114,6 +118,17 @@ class _Lane:
     resolves nothing; it then only sleeps until stopped. Entries pushed onto a
     failed lane are failed at once, on the pushing thread, with the same error.
 
+    Lazy wake-ups. A lane with a watchdog (its backstop) is *lazy*: a push
+    wakes it only when someone waits for the lane's work (a
+    :meth:`Completion.wait`, an ``await`` past its polling, a done callback,
+    a drain: each is a *holder* in :attr:`holders` while it waits) or once
+    ``_BACKLOG_HIGH`` entries are queued. With no holder and a short queue
+    the lane thread retires what is already complete (one query) and sleeps
+    again instead of waiting in the driver: work nobody waits for costs the
+    GIL no wake-ups, and is retired by the next waiter, a
+    :attr:`Completion.is_done` that polls, the backlog, or the watchdog's
+    next check (its interval bounds how long keepalives outlive their work).
+
     Order. :attr:`lock` is the stream's enqueue lock (``Stream`` holds it for
     every enqueue, and so does the engine): an event is recorded and its entry
     pushed under it, so entries sit in the order their events were recorded,
@@ -157,6 +172,8 @@ class _Lane:
         self._polled_ns = 0  # when poll() last queried (awaits of one lane share the queries)
         self._cond = threading.Condition(threading.RLock())
         self._drainers = 0
+        self.lazy = engine._watchdog_interval is not None  # see "Lazy wake-ups"
+        self.holders: set[object] = set()  # waiters that keep the lane waiting in the driver
         self.retired = 0
         self.failed = 0
         self.batches = 0
@@ -186,6 +203,15 @@ class _Lane:
             else:
                 raise ClosedError("this completion lane was released")
         if self._sleeping and not self._napping:
+            if self.lazy and not self.holders and not self._drainers and len(self._queue) < _BACKLOG_HIGH:
+                # Nobody waits: the watchdog's next check retires it at the latest. Its kick()
+                # inline (every launch's path; the watchdog reads `idle` under its condition).
+                watchdog = self._engine._watchdog
+                if watchdog is not None and watchdog.idle:
+                    with watchdog._cond:
+                        watchdog.idle = False
+                        watchdog._cond.notify()
+                return
             loop = _get_running_loop()
             if loop is None:
                 self._sleeping = False  # as _signal(), inline: this is every launch's path
@@ -235,20 +261,38 @@ class _Lane:
         if not self._retire_lock.acquire(blocking=False):
             return
         try:
-            batch: list[_Entry] = []
-            with self._take:
-                if self.dead is not None or not queue or queue[0] is self._waiting:
-                    return
-                self._take_done(queue, self._engine._backend.event_query, batch)
-            if batch:
-                outer = getattr(_polling, "engine", None)
-                _polling.engine = self._engine  # callbacks run here count as the engine's (owns_thread)
-                try:
-                    self._retire(batch, None)
-                finally:
-                    _polling.engine = outer
+            outer = getattr(_polling, "engine", None)
+            _polling.engine = self._engine  # callbacks run here count as the engine's (owns_thread)
+            try:
+                self._retire_ready()
+            finally:
+                _polling.engine = outer
         finally:
             self._retire_lock.release()
+
+    def _retire_ready(self) -> None:
+        """Retire the queued entries that are complete, without waiting (``_retire_lock`` held)."""
+        queue = self._queue
+        batch: list[_Entry] = []
+        with self._take:
+            if self.dead is not None or not queue or queue[0] is self._waiting:
+                return
+            self._take_done(queue, self._engine._backend.event_query, batch)
+        if batch:
+            self._retire(batch, None)
+
+    def hold(self, key: object) -> None:
+        """``key`` waits for this lane's work: keep the thread waiting in the driver until :meth:`release`. Any thread."""
+        self.holders.add(key)
+        self.nudge()
+
+    def release(self, key: object) -> None:
+        """``key`` no longer waits (a no-op if it did not hold the lane). Any thread."""
+        self.holders.discard(key)
+
+    def _idle_for_now(self) -> bool:
+        """Lazy and nobody waits for what is queued: the thread need not wait in the driver."""
+        return self.lazy and not self.holders and not self._drainers and not self._stopping and len(self._queue) < _BACKLOG_LOW
 
     def end_poll(self, key: object) -> None:
         """The await registered as ``key`` stops polling: the lane thread resumes its waits if it was the last."""
@@ -393,6 +437,14 @@ class _Lane:
                 self._sleeping = True
                 if (not queue or self.dead is not None) and not self._stopping:
                     wake.acquire()  # GIL released while blocked
+                self._sleeping = False
+                continue
+            if self._idle_for_now():  # nobody waits: retire what is done, then sleep (see "Lazy wake-ups")
+                with retire_lock:
+                    self._retire_ready()
+                self._sleeping = True
+                if queue and self._idle_for_now() and self.dead is None:
+                    wake.acquire()  # a holder, the backlog, stop or the watchdog's nudge
                 self._sleeping = False
                 continue
             if pollers and not self._stopping:  # an awaiting task retires this lane's work meanwhile

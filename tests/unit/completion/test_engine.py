@@ -206,8 +206,9 @@ def test_polling_leaves_the_entry_the_lane_thread_waits_on_to_it(harness: Harnes
     backend = GatedWaits(harness.backend)
     engine = harness.engine(backend)
     s = harness.stream()
-    first, second = engine.completion_for_stream(s), engine.completion_for_stream(s)
     lane = engine._lane(s)
+    lane.hold(harness)  # someone waits: the lane thread waits in the driver (a lane nobody waits on sleeps)
+    first, second = engine.completion_for_stream(s), engine.completion_for_stream(s)
     assert wait_until(lambda: lane._waiting is not None)  # the lane thread is in the driver wait on `first`
     harness.backend.stream_synchronize(s)  # both events are complete now
     lane.poll()
