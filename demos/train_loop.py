@@ -236,6 +236,18 @@ class _GraphStep:
         return self.loss
 
 
+def _workspace(cfg: Config, device: torch.device, rt: srt.Runtime, seq: torch.Tensor) -> tuple[WorkspaceParams, torch.Tensor, WorkspacePrepare | None]:
+    """The workspace (zeroed) and its prepare over ``seq`` (``None`` without ``cfg.prepare``).
+
+    Device memory of the runtime: torch CUDA tensors, or simulator memory aliased by CPU tensors.
+    """
+    params = cfg.workspace_params(_num_cus(device))
+    ws = st.device_empty(rt, workspace_size(params), torch.uint8)
+    ws.zero_()
+    prep = WorkspacePrepare(rt, params, seq, seq, ws, pack=PACK) if cfg.prepare else None
+    return params, ws, prep
+
+
 def run_streamrt(
     cfg: Config,
     device: torch.device,
@@ -250,14 +262,10 @@ def run_streamrt(
     if graph and device.type != "cuda":
         raise ValueError("variant (c) captures a CUDA graph: it needs --device cuda")
     model, opt = build(cfg, device)
-    params = cfg.workspace_params(_num_cus(device))
-    region = params.metadata_region_bytes
-    # Device memory of the runtime: torch CUDA tensors, or simulator memory aliased by CPU tensors.
-    ws = st.device_empty(rt, workspace_size(params), torch.uint8)
     seq = st.device_empty(rt, cfg.seqs + 1, torch.int32)
-    ws.zero_()
     seq.zero_()
-    prep = WorkspacePrepare(rt, params, seq, seq, ws, pack=PACK) if cfg.prepare else None
+    params, ws, prep = _workspace(cfg, device, rt, seq)
+    region = params.metadata_region_bytes
     check = _MetadataCheck(params)
     host_cu: deque[np.ndarray] = deque()
     logger = st.MetricsLogger(rt, lag=cfg.lag, sink=sink)
@@ -309,18 +317,20 @@ def run_streamrt(
 # -- variant (d): the whole step in one torch.cuda.graph -------------------------------------------------------------
 
 
-def _carve(block: torch.Tensor, cfg: Config) -> dict[str, torch.Tensor]:
-    """``cu_seqlens``, ``tokens`` and ``targets`` as views of one uint8 ``block`` (16-byte aligned)."""
-    views, offset = {}, 0
+def _batch_layout(cfg: Config) -> tuple[list[tuple[str, torch.dtype, int, int]], int]:
+    """Where ``cu_seqlens``, ``tokens`` and ``targets`` sit in one block: (name, dtype, offset, bytes) each
+    (16-byte aligned), and the block's size."""
+    fields, offset = [], 0
     for name, dtype, n in (("cu_seqlens", torch.int32, cfg.seqs + 1), ("tokens", torch.int64, cfg.token_budget), ("targets", torch.int64, cfg.token_budget)):
         nbytes = n * dtype.itemsize
-        views[name] = block[offset : offset + nbytes].view(dtype)
+        fields.append((name, dtype, offset, nbytes))
         offset += -(-nbytes // 16) * 16
-    return views
+    return fields, offset
 
 
-def _block_bytes(cfg: Config) -> int:
-    return sum(-(-n // 16) * 16 for n in (4 * (cfg.seqs + 1), 8 * cfg.token_budget, 8 * cfg.token_budget))
+def _carve(block: torch.Tensor, cfg: Config) -> dict[str, torch.Tensor]:
+    """The batch's tensors as views of the uint8 ``block`` (see :func:`_batch_layout`)."""
+    return {name: block[offset : offset + nbytes].view(dtype) for name, dtype, offset, nbytes in _batch_layout(cfg)[0]}
 
 
 class _Feed:
@@ -418,14 +428,10 @@ def run_whole_graph(cfg: Config, device: torch.device, rt: srt.Runtime, *, on_st
     if device.type != "cuda":
         raise ValueError("variant (d) captures the step into a CUDA graph: it needs --device cuda")
     model, opt = build(cfg, device)
-    params = cfg.workspace_params(_num_cus(device))
-    region = params.metadata_region_bytes
-    ws = st.device_empty(rt, workspace_size(params), torch.uint8)
-    block = st.device_empty(rt, _block_bytes(cfg), torch.uint8)  # the static batch: cu_seqlens | tokens | targets
-    ws.zero_()
+    block = st.device_empty(rt, _batch_layout(cfg)[1], torch.uint8)  # the static batch: cu_seqlens | tokens | targets
     block.zero_()
-    seq = _carve(block, cfg)["cu_seqlens"]
-    prep = WorkspacePrepare(rt, params, seq, seq, ws, pack=PACK) if cfg.prepare else None
+    params, ws, prep = _workspace(cfg, device, rt, _carve(block, cfg)["cu_seqlens"])
+    region = params.metadata_region_bytes
     whole = _WholeStep(cfg, model, opt, rt, prep, block)
     check = _MetadataCheck(params)
     host_cu: list[np.ndarray] = []
@@ -483,8 +489,13 @@ def open_runtime_for(device: torch.device, backend: str | None = None, **options
     return rt
 
 
-def run_variant(variant: str, cfg: Config, device: str | torch.device = "cpu", *, backend: str | None = None) -> Result | None:
-    """Run one variant; ``None`` for (c) and (d) on CPU (they capture CUDA graphs)."""
+def run_variant(
+    variant: str, cfg: Config, device: str | torch.device = "cpu", *, backend: str | None = None, sink: Callable[[int, Any], Any] | None = None
+) -> Result | None:
+    """Run one variant; ``None`` for (c) and (d) on CPU (they capture CUDA graphs).
+
+    ``sink(step, loss)`` sees (b)'s and (c)'s losses as they are logged (``MetricsLogger``).
+    """
     dev = torch.device(device)
     if variant == "a":
         return run_plain(cfg, dev)
@@ -493,7 +504,7 @@ def run_variant(variant: str, cfg: Config, device: str | torch.device = "cpu", *
     with open_runtime_for(dev, backend) as rt:
         if variant == "d":
             return run_whole_graph(cfg, dev, rt)
-        return run_streamrt(cfg, dev, rt, graph=variant == "c")
+        return run_streamrt(cfg, dev, rt, graph=variant == "c", sink=sink)
 
 
 def compare(results: list[Result], *, rtol: float, atol: float) -> list[str]:
@@ -547,24 +558,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     results: list[Result] = []
     for v in variants:
-        if v == "a":
-            res = run_plain(cfg, device)
-        elif v in ("c", "d") and device.type != "cuda":
+        sink = (lambda step, value, v=v: print(f"  ({v}) step {step}: loss {value:.4f}")) if args.print_losses else None
+        try:
+            res = run_variant(v, cfg, device, backend=args.backend, sink=sink)
+        except srt.CaptureError as exc:  # (d) where streamrt was built without its C extension
+            print(f"({v}) skipped: {exc}")
+            continue
+        if res is None:
             print(f"({v}) skipped: capturing the step into a CUDA graph needs --device cuda")
             continue
-        elif v == "d":
-            try:
-                with open_runtime_for(device, args.backend) as rt:
-                    res = run_whole_graph(cfg, device, rt)
-            except srt.CaptureError as exc:  # e.g. streamrt built without its C extension
-                print(f"(d) skipped: {exc}")
-                continue
-            for step, value in enumerate(res.losses if args.print_losses else []):
-                print(f"  (d) step {step}: loss {value:.4f}")
-        else:
-            sink = (lambda step, value, v=v: print(f"  ({v}) step {step}: loss {value:.4f}")) if args.print_losses else None
-            with open_runtime_for(device, args.backend) as rt:
-                res = run_streamrt(cfg, device, rt, graph=v == "c", sink=sink)
+        if v == "d" and sink is not None:  # (d) logs its losses from the graph, not through a MetricsLogger
+            for step, value in enumerate(res.losses):
+                sink(step, value)
         results.append(res)
         extra = f"; metadata verified at steps {res.verified_steps}" if res.verified_steps else ""
         print(f"({v}) {len(res.losses)} steps in {res.seconds:.2f} s; loss {res.losses[0]:.4f} -> {res.losses[-1]:.4f}{extra}")

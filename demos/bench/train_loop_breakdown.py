@@ -12,6 +12,10 @@ piece that waits for the GIL is charged that wait):
   ``check.poll``;
 * (a) only: ``copy_``, ``item``.
 
+For (b) it also reports the runtime threads' work per step: completion-lane
+batches (each a lane thread waking and taking the GIL) and the CPU time of
+streamrt's threads (lanes, workers, watchdog, releaser).
+
 ``--profile N`` then runs each variant once more under cProfile (without the
 timers; from Python 3.12 cProfile sees every thread, before it only the main
 thread) and prints its N functions of most own time per step, overall and
@@ -98,6 +102,18 @@ class Timers:
         self._saved.clear()
 
 
+def _runtime_thread_cpu() -> dict[str, float]:
+    """CPU seconds used so far by each live streamrt thread (Linux thread CPU clocks)."""
+    out = {}
+    for t in threading.enumerate():
+        if t.name.startswith("streamrt-") and t.ident is not None:
+            try:
+                out[f"{t.name}/{t.ident}"] = time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+            except (OSError, AttributeError):  # exited meanwhile, or no thread CPU clocks here
+                pass
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default=None, choices=sorted(SIZES), help="model size (default s; xs on cpu)")
@@ -137,26 +153,38 @@ def main(argv: list[str] | None = None) -> int:
     ):
         timers.wrap(owner, name, label)
 
-    def run(variant: str) -> None:
-        """One whole run of ``variant``, between two device synchronizations."""
+    def run(variant: str) -> dict[str, float]:
+        """One whole run of ``variant``, between two device synchronizations; (b)'s runtime-thread work per step."""
         sync()
         if variant == "a":
             demo.run_plain(cfg, device)
-        else:
-            with srt.open_runtime(backend) as rt:
-                demo.run_streamrt(cfg, device, rt)
-        sync()
+            sync()
+            return {}
+        with srt.open_runtime(backend) as rt:
+            batches = rt._engine.statistics().batches
+            cpu = _runtime_thread_cpu()
+            demo.run_streamrt(cfg, device, rt)
+            sync()
+            lane_batches = rt._engine.statistics().batches - batches
+            cpu_s = sum(t - cpu.get(name, 0.0) for name, t in _runtime_thread_cpu().items())
+        return {"lane batches": lane_batches / cfg.steps, "runtime threads cpu us": cpu_s * 1e6 / cfg.steps}
 
     try:
         for variant in ("a", "b", "a", "b"):
             timers.totals.clear()
             t0 = time.perf_counter()
-            run(variant)
+            threads = run(variant)
             per_step = (time.perf_counter() - t0) * 1e3 / cfg.steps
             pieces = ", ".join(f"{k} {v * 1e3 / cfg.steps:.3f}" for k, v in sorted(timers.totals.items()))
-            print(f"[{args.size}] ({variant}) {per_step:.3f} ms/step: {pieces}", flush=True)
+            extra = "".join(f"; {k} {v:.2f}/step" for k, v in threads.items())
+            print(f"[{args.size}] ({variant}) {per_step:.3f} ms/step: {pieces}{extra}", flush=True)
             rows.append(
-                {"variant": variant, "ms_per_step": per_step, "pieces_ms_per_step": {k: v * 1e3 / cfg.steps for k, v in timers.totals.items()}}
+                {
+                    "variant": variant,
+                    "ms_per_step": per_step,
+                    "pieces_ms_per_step": {k: v * 1e3 / cfg.steps for k, v in timers.totals.items()},
+                    "runtime_threads_per_step": threads,
+                }
             )
     finally:
         timers.restore()
