@@ -57,6 +57,9 @@ def test_hung_waits_resolve_every_waiter_with_the_error_within_seconds(harness: 
     engine.record_and_watch(ev, s1, calls.append)
     c2 = engine.completion_for_stream(s1)
     c3 = engine.completion_for_stream(s2)
+    for c in (c1, c3):  # a wait wakes each lane (lanes wake lazily), which then blocks in the driver
+        with pytest.raises(TimeoutError):
+            c.wait(timeout=0.02)
     time.sleep(0.05)
     faulty.fail()
     t0 = time.monotonic()
