@@ -1,4 +1,4 @@
-"""The three optional C extensions; everything else about the package is in pyproject.toml.
+"""The four optional C extensions; everything else about the package is in pyproject.toml.
 
 They are declared here because setuptools' ``[tool.setuptools.ext-modules]`` tables
 in pyproject.toml are still experimental (pip install warns about them).
@@ -19,5 +19,8 @@ setup(
         # The native destructor of user objects that tie keepalives to graphs other libraries
         # capture (streamrt._graph_release); without it such a capture is refused (CaptureError).
         Extension("streamrt._graph_release_c", ["streamrt/_graph_release_c.c"], optional=True),
+        # A launch's driver calls in one native call (streamrt._backends._native_ops); without it the
+        # GPU backends make the same calls one by one through the bindings.
+        Extension("streamrt._backends._launch_c", ["streamrt/_backends/_launch_c.c"], optional=True),
     ],
 )

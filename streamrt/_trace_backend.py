@@ -44,6 +44,8 @@ _COPY_KINDS = {kind: kind.name.lower() for kind in MemcpyKind}
 class TracingBackend:
     """The runtime's backend, with each enqueue and blocking call handed to ``tracer``. Anything else passes through."""
 
+    native_ops = None  # every call goes through the wrapper, so that the trace sees it
+
     def __init__(self, inner: Any, tracer: Tracer | RangesOnly, runtime: Runtime) -> None:
         self._inner = inner
         self._tracer = tracer

@@ -24,6 +24,11 @@ Rules every implementation keeps:
   or stream creation need the stream's device current (the runtime layer
   ensures both). ``stream_wait_event`` works across devices;
   ``memcpy_peer_async`` copies between devices.
+* A backend also has ``native_ops``: ``None``, or a
+  :class:`~streamrt._backends._native_ops.NativeOps` that makes several of its
+  own enqueue calls in one native call (launch plans and graph replays use it;
+  the methods stay the reference behaviour, and a wrapper that must see every
+  call, such as the tracing one, sets it to ``None``).
 """
 
 from __future__ import annotations

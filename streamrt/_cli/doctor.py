@@ -52,6 +52,7 @@ _LIBRARIES: tuple[tuple[str, str, str, str], ...] = (
 FASTPATH_MODULE = "allocators._fastpath_c"
 PACK_MODULE = "streamrt.recipes.fmha_bwd._pack_c"
 RELEASE_MODULE = "streamrt._graph_release_c"
+LAUNCH_MODULE = "streamrt._backends._launch_c"
 
 # Device files and tools that show whether GPU hardware and a driver are installed at all.
 _HARDWARE_HINTS: tuple[tuple[str, str, str], ...] = (
@@ -304,6 +305,11 @@ def diagnose(*, backends: tuple[str, ...] = BACKEND_NAMES) -> DoctorReport:
     if release_unavailable() is not None:
         why = native_module_problem(RELEASE_MODULE) or f"{RELEASE_MODULE} did not load"
         notes.append(f"work cannot be recorded into captures other libraries begin ({why}): it is refused with CaptureError; {rebuild}")
+    from .._backends import _native_ops
+
+    if not _native_ops.available():
+        why = native_module_problem(LAUNCH_MODULE) or f"{LAUNCH_MODULE} did not load"
+        notes.append(f"the GPU backends make a launch's driver calls one by one through the bindings ({why}): launches cost more host time; {rebuild}")
     try:
         numpy_version = importlib.metadata.version("numpy")
     except importlib.metadata.PackageNotFoundError:

@@ -381,18 +381,28 @@ class Graph:
             for b in state.roots:
                 if b._released:
                     raise ValueError(f"graph {self._name!r} uses a released buffer ({b!r}); rebind it with update() first")
-            if backend.stream_is_capturing(stream._handle):
-                raise CaptureError(f"{stream.name} is capturing: a graph is replayed on a stream that is not capturing")
             prev = chain.last
-            if prev is not None and not prev._done:
-                serialize_after(prev, (stream,))
+            pending = prev is not None and not prev._done
+            # the native replay checks for a capture itself; a wait for a run on other streams must follow that check
+            ops = getattr(backend, "native_ops", None) if not (pending and prev._streams != (stream,)) else None  # type: ignore[union-attr]
+            if ops is None and backend.stream_is_capturing(stream._handle):
+                raise CaptureError(f"{stream.name} is capturing: a graph is replayed on a stream that is not capturing")
+            if pending:
+                serialize_after(prev, (stream,))  # type: ignore[arg-type]
             armed = []
             for name, slot in state.slots:  # armed before the launch: replays match runs FIFO
                 req = HostRequest(None, ())
                 slot._push(req)
                 armed.append((name, req))
             try:
-                backend.graph_launch(state.exec, stream._handle)  # traced with its names while tracing
+                if ops is None:
+                    backend.graph_launch(state.exec, stream._handle)  # traced with its names while tracing
+                else:
+                    failed = ops.replay(state.exec, stream._handle)
+                    if failed is not None:
+                        if failed[1] is not None:
+                            raise failed[1]
+                        raise CaptureError(f"{stream.name} is capturing: a graph is replayed on a stream that is not capturing")
             except BaseException:
                 for (_, req), (_, slot) in zip(armed, state.slots):
                     slot.disarm(req)

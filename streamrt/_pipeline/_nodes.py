@@ -377,9 +377,6 @@ class _EventNode(Node):
     def _graph_nodes(self) -> int | None:
         return 0
 
-    def _plan_step(self, stream: Stream, keep: list[Any]) -> PlanStep | None:
-        return (self._call, (stream._backend, stream._handle, self.event._handle))
-
     def _rebound(self, mapping: dict[int, Buffer]) -> Node:
         return self
 
@@ -394,6 +391,9 @@ class RecordNode(_EventNode):
     def _call(self, backend: Any, stream: int, event: int) -> None:
         backend.event_record(event, stream)
 
+    def _plan_step(self, stream: Stream, keep: list[Any]) -> PlanStep | None:
+        return (stream._backend.event_record, (self.event._handle, stream._handle))
+
     def _after(self, event: Event, stream: int) -> None:
         event._recorded_on = stream
 
@@ -407,6 +407,9 @@ class WaitNode(_EventNode):
 
     def _call(self, backend: Any, stream: int, event: int) -> None:
         backend.stream_wait_event(stream, event)
+
+    def _plan_step(self, stream: Stream, keep: list[Any]) -> PlanStep | None:
+        return (stream._backend.stream_wait_event, (stream._handle, self.event._handle))
 
 
 # -- enqueueing a whole pipeline ----------------------------------------------------------------------

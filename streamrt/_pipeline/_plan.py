@@ -10,7 +10,12 @@ until the pipeline changes. It holds:
 * ``roots``: the root buffers of every node (views resolved), each once;
 * ``keep``: the keepalive of a launch (buffers, callables, arguments, packed
   kernel arguments);
-* ``events``: the events of record and wait nodes.
+* ``events``: the events of record and wait nodes;
+* ``program``: where the backend has native ops (``backend.native_ops``) and
+  every step is a memset, copy, native host function, record or wait, the
+  capture check and the steps compiled into one native call
+  (:meth:`~streamrt._backends._native_ops.NativeOps.compile`), which the
+  launch makes instead of the steps' Python calls.
 
 :meth:`LaunchPlan.launch` re-checks only what can change between launches:
 the stream closed, a root buffer released, an event closed, and a capture in
@@ -42,7 +47,9 @@ __all__ = ["LaunchPlan"]
 class LaunchPlan:
     """``pipeline`` compiled for eager launches on ``stream``. See the module docstring."""
 
-    __slots__ = ("backend", "channel", "events", "keep", "names", "pipeline", "records", "roots", "steps", "stream")
+    __slots__ = (
+        "backend", "channel", "events", "keep", "names", "pipeline", "program", "records", "roots", "run_program", "steps", "stream",
+    )
 
     def __init__(self, pipeline: Pipeline, stream: Stream, nodes: list[Node], order: list[int], keep: tuple[Any, ...]) -> None:
         self.pipeline = pipeline
@@ -66,6 +73,10 @@ class LaunchPlan:
         self.records: tuple[Event, ...] = tuple(n.event for n in nodes if isinstance(n, RecordNode))
         # the stream's host-call worker, made now (not on every launch) when the pipeline has Python host nodes
         self.channel = stream._runtime._engine._channel(stream._handle) if any(fn is None for fn, _ in steps) else None
+        # the capture check and every step in one native call, where the backend has one and every step is its own call
+        ops = getattr(self.backend, "native_ops", None)
+        self.program = ops.compile(stream._handle, self.steps) if ops is not None else None
+        self.run_program = ops.run if ops is not None and self.program is not None else None
 
     def launch(self) -> Run:
         """Enqueue the pipeline on the plan's stream; its :class:`Run`. See the module docstring."""
@@ -83,29 +94,37 @@ class LaunchPlan:
             for ev in self.events:
                 if ev._closed:
                     ev._check_open()
-            if stream._capture is not None or backend.stream_is_capturing(handle):
+            chain = pipeline._chain
+            prev = chain.last
+            pending = prev is not None and not prev._done
+            # the program checks for a capture first; a wait for a run on other streams must follow that check
+            native = self.run_program is not None and not (pending and prev._streams != (stream,))  # type: ignore[union-attr]
+            if stream._capture is not None or not native and backend.stream_is_capturing(handle):
                 return launch_into_capture(pipeline, stream, *pipeline._validated())
             if rt._multi_device:  # kernel launches and the tail event need the stream's device current
                 backend.ensure_device(rt._device)
-            chain = pipeline._chain
-            prev = chain.last
-            if prev is not None and not prev._done:
-                serialize_after(prev, (stream,))  # nothing to do when it ran on this stream
+            if pending:
+                serialize_after(prev, (stream,))  # type: ignore[arg-type]  # nothing to do when it ran on this stream
             host: list[tuple[str, HostRequest]] = []
-            step = 0
-            try:
-                for step, (fn, args) in enumerate(self.steps):
-                    if fn is None:
-                        req = HostRequest(args[0], args[1], committed=False)
-                        self.channel.submit(req)  # type: ignore[union-attr]
-                        host.append((self.names[step], req))
-                    else:
-                        fn(*args)
-            except BaseException as exc:
-                pipeline._fail_partial_plan(stream, self.keep, host, self.names[step], exc)
-                raise
-            if host:
-                rt._engine._host_calls += len(host)
+            if native:
+                failed = self.run_program(self.program)  # type: ignore[misc]
+                if failed is not None:
+                    return self._native_failed(*failed)
+            else:
+                step = 0
+                try:
+                    for step, (fn, args) in enumerate(self.steps):
+                        if fn is None:
+                            req = HostRequest(args[0], args[1], committed=False)
+                            self.channel.submit(req)  # type: ignore[union-attr]
+                            host.append((self.names[step], req))
+                        else:
+                            fn(*args)
+                except BaseException as exc:
+                    pipeline._fail_partial_plan(stream, self.keep, host, self.names[step], exc)
+                    raise
+                if host:
+                    rt._engine._host_calls += len(host)
             for ev in self.records:
                 ev._recorded_on = handle
             for b in self.roots:  # each root buffer's stream noted once (see Buffer.note_stream)
@@ -117,3 +136,12 @@ class LaunchPlan:
             run = Run(pipeline._name, "stream", (stream,), tuple(host), self.keep, rt._engine, (stream,))
             chain.last = run
             return run
+
+    def _native_failed(self, index: int, error: BaseException | None) -> Run:
+        """The program stopped at call ``index`` (0: the capture check, ``i``: step ``i - 1``)."""
+        pipeline = self.pipeline
+        if error is None:  # a capture another library began: nothing was enqueued, record into it
+            return launch_into_capture(pipeline, self.stream, *pipeline._validated())
+        if index:  # the steps before it were enqueued
+            pipeline._fail_partial_plan(self.stream, self.keep, [], self.names[index - 1], error)
+        raise error

@@ -1,7 +1,8 @@
 """CUDA return codes into the streamrt error hierarchy: the one place both APIs' errors are mapped.
 
 :func:`_check` takes runtime-API (``cudaError_t``) codes, :func:`_check_driver`
-driver-API (``CUresult``) codes. Both return on success and raise otherwise.
+driver-API (``CUresult``) codes. Both return on success and raise otherwise;
+:func:`_driver_error` returns the error a driver code maps to.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ def _is_capture_error(name: str) -> bool:
     )
 
 
-def _raise(code: int, name: str, message: str, call: str, requested: int | None, oom: bool, extra: str) -> None:
+def _error(code: int, name: str, message: str, call: str, requested: int | None, oom: bool, extra: str) -> Exception:
     if oom:
         asked = f": requested {requested} bytes" if requested is not None else ""
-        raise OutOfMemoryError(
+        return OutOfMemoryError(
             f"cuda out of memory in {call}{asked}{extra} ({name}: {message})",
             requested=requested,
             backend="cuda",
@@ -39,8 +40,10 @@ def _raise(code: int, name: str, message: str, call: str, requested: int | None,
         )
     error = BackendError("cuda", code, name, message, call)
     if _is_capture_error(name):
-        raise CaptureError(f"graph capture failed: {error}") from error
-    raise error
+        capture = CaptureError(f"graph capture failed: {error}")
+        capture.__cause__ = error
+        return capture
+    return error
 
 
 def _check(err: Any, call: str, requested: int | None = None, extra: str = "") -> None:
@@ -58,14 +61,18 @@ def _check(err: Any, call: str, requested: int | None = None, extra: str = "") -
     name = c_string(rt.cudaGetErrorName(code)[1])
     message = c_string(rt.cudaGetErrorString(code)[1])
     rt.cudaGetLastError()
-    _raise(code, name, message, call, requested, name == "cudaErrorMemoryAllocation", extra)
+    raise _error(code, name, message, call, requested, name == "cudaErrorMemoryAllocation", extra)
 
 
 def _check_driver(err: Any, call: str, requested: int | None = None) -> None:
     """Like :func:`_check`, for driver-API ``CUresult`` codes."""
     code = int(err)
-    if code == 0:
-        return
+    if code != 0:
+        raise _driver_error(code, call, requested)
+
+
+def _driver_error(code: int, call: str, requested: int | None = None) -> Exception:
+    """The streamrt error of a failed driver-API call (``code`` != 0), as :func:`_check_driver` raises it."""
     drv = _driver()
     try:
         result = drv.CUresult(code)
@@ -80,7 +87,7 @@ def _check_driver(err: Any, call: str, requested: int | None = None) -> None:
                 message = c_string(text)
         except Exception:  # the name alone is still a usable message
             pass
-    _raise(code, name, message, call, requested, name == "CUDA_ERROR_OUT_OF_MEMORY", "")
+    return _error(code, name, message, call, requested, name == "CUDA_ERROR_OUT_OF_MEMORY", "")
 
 
 def _not_a_signal(address: int, call: str) -> BackendError:

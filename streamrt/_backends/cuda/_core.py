@@ -14,10 +14,12 @@ import threading
 from typing import Any
 
 from .._cstring import c_string
+from .._native_ops import NativeOps
+from .._native_ops import load as load_native_ops
 from ..protocol import Capabilities
-from ._codes import _check
+from ._codes import _CUDA_ERROR_INVALID_CONTEXT, _check, _driver_error
 from . import _loading
-from ._loading import _driver, _runtime, _stream_wait_value64
+from ._loading import _driver, _proc_address, _runtime, _stream_wait_value64
 
 __all__ = ["CudaCore"]
 
@@ -76,6 +78,16 @@ class CudaCore:
         self._libcuda = libcuda
         self._cuLaunchHostFunc = launch_host_func
         self._cuStreamWaitValue64 = _stream_wait_value64(libcuda)
+        # A launch's calls in one native call (None where _launch_c is not built; see _native_ops).
+        self.native_ops: NativeOps | None = load_native_ops(
+            libcuda,
+            hip=False,
+            make_error=_driver_error,
+            make_current=self._make_context_current,
+            context_error=_CUDA_ERROR_INVALID_CONTEXT,
+            resolve=lambda name: _proc_address(libcuda, name),
+            backend=self,
+        )
         self._signals: dict[int, int] = {}  # signal (host address) -> its device address
 
         if device is not None:

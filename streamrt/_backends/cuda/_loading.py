@@ -156,20 +156,27 @@ def _load_libcuda() -> ctypes.CDLL:
     )
 
 
+def _proc_address(libcuda: ctypes.CDLL, name: str, version: int = 12000) -> int | None:
+    """The address of driver entry point ``name`` as of CUDA ``version`` (``cuGetProcAddress_v2``), or ``None``."""
+    get_proc = getattr(libcuda, "cuGetProcAddress_v2", None)
+    if get_proc is None:
+        return None
+    get_proc.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p]
+    get_proc.restype = ctypes.c_int
+    address = ctypes.c_void_p()
+    status = ctypes.c_int(0)
+    if get_proc(name.encode(), ctypes.byref(address), version, 0, ctypes.byref(status)) != 0:
+        return None
+    return address.value or None
+
+
 def _stream_wait_value64(libcuda: ctypes.CDLL) -> Any:
     """The driver's ``cuStreamWaitValue64`` (the version of CUDA 12: no module parameter needed), or ``None``."""
     prototype = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint)
-    address = ctypes.c_void_p()
-    get_proc = getattr(libcuda, "cuGetProcAddress_v2", None)
-    if get_proc is not None:
-        get_proc.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p]
-        get_proc.restype = ctypes.c_int
-        status = ctypes.c_int(0)
-        if get_proc(b"cuStreamWaitValue64", ctypes.byref(address), 12000, 0, ctypes.byref(status)) != 0:
-            address = ctypes.c_void_p()
-    if not address.value:
+    address = _proc_address(libcuda, "cuStreamWaitValue64")
+    if address is None:
         symbol = getattr(libcuda, "cuStreamWaitValue64_v2", None)
         if symbol is None:
             return None
-        address = ctypes.cast(symbol, ctypes.c_void_p)
-    return prototype(address.value) if address.value else None
+        address = ctypes.cast(symbol, ctypes.c_void_p).value
+    return prototype(address) if address else None

@@ -9,14 +9,18 @@ caches the hot paths read first.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..._errors import BackendError
 from .._cstring import c_string
+from .._native_ops import NativeOps
+from .._native_ops import available as native_ops_available
+from .._native_ops import load as load_native_ops
 from ..protocol import Capabilities, CaptureMode, MemcpyKind
 from . import _loading as L
-from ._codes import _INVALID_VALUE, _NO_DEVICE, _check
+from ._codes import _INVALID_VALUE, _NO_DEVICE, _check, _error
 from ._symbols import _HIP_CALLS, _HIPRTC_CALLS
 
 __all__ = ["HipCore"]
@@ -69,6 +73,21 @@ class HipCore:
         self._offload_arch: dict[int, str] = {}
         self._compiler_version: str | None = None
         self._closed = False
+        self.native_ops: NativeOps | None = self._load_native_ops()
+
+    def _load_native_ops(self) -> NativeOps | None:
+        """A launch's calls in one native call, on the HIP library hip-python opened (see ``_native_ops``).
+
+        ``None`` where ``_launch_c`` is not built or no ``libamdhip64.so`` is mapped
+        (a stand-in hip-python): the hip-python calls serve the same contract.
+        """
+        if not native_ops_available():
+            return None
+        self._hipGetDeviceCount()  # hip-python opens its library on its first call
+        path = L.loaded_hip_library()
+        if path is None:
+            return None
+        return load_native_ops(ctypes.CDLL(path), hip=True, make_error=_error, backend=self)
 
     # -- handle conversion -------------------------------------------------------------------
     @staticmethod

@@ -1,4 +1,4 @@
-"""hip-python, imported once on first need: the modules every part of the hip backend reads.
+"""hip-python, imported once on first need: the modules every part of the hip backend reads, and its library's path.
 
 The other modules read ``_loading._hip`` (and ``_hiprtc``, ``_types``,
 ``_helpers``) as attributes of this module at call time, never copy them at
@@ -9,6 +9,7 @@ here (as the offline tests do) is seen everywhere.
 from __future__ import annotations
 
 import importlib.util
+import os
 from typing import Any
 
 __all__: list[str] = []
@@ -38,3 +39,16 @@ def _load() -> None:
 def _hip_python_installed() -> bool:
     """Whether hip-python's packages (``hip`` and ``rocm.bindings``) can be imported; imports nothing."""
     return importlib.util.find_spec("hip") is not None and importlib.util.find_spec("rocm") is not None
+
+
+def loaded_hip_library() -> str | None:
+    """The path of the ``libamdhip64.so`` mapped into this process (hip-python's), or ``None``."""
+    try:
+        with open(f"/proc/{os.getpid()}/maps") as maps:
+            for line in maps:
+                path = line.rsplit(None, 1)[-1] if line.count(" ") >= 5 else ""
+                if os.path.basename(path).startswith("libamdhip64.so"):
+                    return path
+    except OSError:
+        return None
+    return None

@@ -17,12 +17,12 @@ Thread rules: every method may be called from any thread.
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 from typing import TYPE_CHECKING, Any
 
 from ..._errors import BackendError, CaptureError
 from ._core import HipCore
+from ._loading import loaded_hip_library
 
 __all__ = ["HipUserObjects", "USER_OBJECT_SYMBOLS"]
 
@@ -37,19 +37,6 @@ _NOT_FOUND = 500  # hipErrorNotFound
 
 _p = ctypes.c_void_p
 _u = ctypes.c_uint
-
-
-def loaded_hip_library() -> str | None:
-    """The path of the ``libamdhip64.so`` mapped into this process (hip-python's), or ``None``."""
-    try:
-        with open(f"/proc/{os.getpid()}/maps") as maps:
-            for line in maps:
-                path = line.rsplit(None, 1)[-1] if line.count(" ") >= 5 else ""
-                if os.path.basename(path).startswith("libamdhip64.so"):
-                    return path
-    except OSError:
-        return None
-    return None
 
 
 class _Hip:

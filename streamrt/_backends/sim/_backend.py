@@ -103,6 +103,7 @@ class SimBackend(SimUserObjects, DeviceCalls, StreamCalls, HostCalls, MemoryCall
     """
 
     name = "sim"
+    native_ops = None  # no native launch executor: the pipeline's Python path drives the simulator
 
     # == errors and lifetime ========================================================================
     def error_name(self, code: int) -> str:

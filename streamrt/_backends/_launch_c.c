@@ -1,0 +1,277 @@
+/* _launch_c.c: a launch's driver calls made in one call from Python (streamrt._backends._native_ops).
+ *
+ * An Executor holds the addresses of seven CUDA driver (or HIP runtime) entry points. run() executes a
+ * program -- a buffer of 6-word records, each one backend call with its arguments -- with the GIL
+ * released once for the whole program; replay() checks that a stream is not capturing and launches an
+ * executable graph on it; record() records an event. A failing call stops the program: run() and
+ * replay() return (index, code) of the failed call, or (index, 0) where a capture check found the
+ * stream capturing, and None when every call succeeded. record() raises the error that make_error(code,
+ * call) returns.
+ *
+ * On CUDA a driver call made on a thread with no current context returns CUDA_ERROR_INVALID_CONTEXT:
+ * the Executor then calls make_current() (with the GIL) once and retries the call (context_error = 0:
+ * never). Nothing here keeps a pointer: the caller keeps what the calls point into alive.
+ *
+ * Ops (record words 1..5):
+ *   OP_CHECK  stream                                 capturing? (nothing enqueued)
+ *   OP_MEMSET dst, value, nbytes, stream
+ *   OP_COPY   dst, src, nbytes, kind, stream         (kind: HIP's; CUDA infers it from the addresses)
+ *   OP_HOST   stream, fn, data                       a native void fn(void *data)
+ *   OP_RECORD event, stream
+ *   OP_WAIT   stream, event
+ *   OP_GRAPH  graph_exec, stream
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+enum { OP_CHECK, OP_MEMSET, OP_COPY, OP_HOST, OP_RECORD, OP_WAIT, OP_GRAPH, N_OPS };
+#define WORDS 6
+
+typedef int (*is_capturing_fn)(void *stream, int *status);
+typedef int (*cu_memset_fn)(uint64_t dst, unsigned char value, size_t nbytes, void *stream);
+typedef int (*hip_memset_fn)(void *dst, int value, size_t nbytes, void *stream);
+typedef int (*cu_copy_fn)(uint64_t dst, uint64_t src, size_t nbytes, void *stream);
+typedef int (*hip_copy_fn)(void *dst, const void *src, size_t nbytes, int kind, void *stream);
+typedef int (*host_fn)(void *stream, void (*fn)(void *), void *data);
+typedef int (*record_fn)(void *event, void *stream);
+typedef int (*wait_fn)(void *stream, void *event, unsigned int flags);
+typedef int (*graph_fn)(void *exec, void *stream);
+
+typedef struct {
+    PyObject_HEAD
+    void *fns[N_OPS]; /* is_capturing, memset, copy, host, record, wait, graph_launch */
+    int hip;
+    int context_error;
+    PyObject *make_error;   /* (code, call) -> exception */
+    PyObject *make_current; /* () -> None, or None */
+} Executor;
+
+static const char *CUDA_NAMES[N_OPS] = {"cuStreamIsCapturing", "cuMemsetD8Async", "cuMemcpyAsync", "cuLaunchHostFunc",
+                                        "cuEventRecord", "cuStreamWaitEvent", "cuGraphLaunch"};
+static const char *HIP_NAMES[N_OPS] = {"hipStreamIsCapturing", "hipMemsetAsync", "hipMemcpyAsync", "hipLaunchHostFunc",
+                                       "hipEventRecord", "hipStreamWaitEvent", "hipGraphLaunch"};
+
+/* One call; *capturing is set by OP_CHECK. No GIL needed. */
+static int call(Executor *ex, const uint64_t *w, int *capturing) {
+    void **f = ex->fns;
+    switch (w[0]) {
+    case OP_CHECK: {
+        int status = 0;
+        int code = ((is_capturing_fn)f[OP_CHECK])((void *)(uintptr_t)w[1], &status);
+        *capturing = code == 0 && status != 0;
+        return code;
+    }
+    case OP_MEMSET:
+        if (ex->hip) return ((hip_memset_fn)f[OP_MEMSET])((void *)(uintptr_t)w[1], (int)w[2], (size_t)w[3], (void *)(uintptr_t)w[4]);
+        return ((cu_memset_fn)f[OP_MEMSET])(w[1], (unsigned char)w[2], (size_t)w[3], (void *)(uintptr_t)w[4]);
+    case OP_COPY:
+        if (ex->hip)
+            return ((hip_copy_fn)f[OP_COPY])((void *)(uintptr_t)w[1], (const void *)(uintptr_t)w[2], (size_t)w[3], (int)w[4],
+                                             (void *)(uintptr_t)w[5]);
+        return ((cu_copy_fn)f[OP_COPY])(w[1], w[2], (size_t)w[3], (void *)(uintptr_t)w[5]);
+    case OP_HOST:
+        return ((host_fn)f[OP_HOST])((void *)(uintptr_t)w[1], (void (*)(void *))(uintptr_t)w[2], (void *)(uintptr_t)w[3]);
+    case OP_RECORD:
+        return ((record_fn)f[OP_RECORD])((void *)(uintptr_t)w[1], (void *)(uintptr_t)w[2]);
+    case OP_WAIT:
+        return ((wait_fn)f[OP_WAIT])((void *)(uintptr_t)w[1], (void *)(uintptr_t)w[2], 0);
+    case OP_GRAPH:
+        return ((graph_fn)f[OP_GRAPH])((void *)(uintptr_t)w[1], (void *)(uintptr_t)w[2]);
+    }
+    return -1; /* validated when the program was read */
+}
+
+/* make_current() with the GIL held; 0 on success, -1 with a Python error set. */
+static int make_current(Executor *ex) {
+    if (ex->make_current == Py_None) return 0;
+    PyObject *r = PyObject_CallNoArgs(ex->make_current);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* Runs records [0, n) with the GIL released; on return *failed is the failed record's index (n: none). */
+static int execute(Executor *ex, const uint64_t *words, Py_ssize_t n, Py_ssize_t *failed, int *capturing, int *python_error) {
+    int code = 0;
+    Py_ssize_t i = 0;
+    *capturing = 0;
+    *python_error = 0;
+    int retried = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (; i < n; i++) {
+        code = call(ex, words + i * WORDS, capturing);
+        if (code != 0 && code == ex->context_error && !retried) {
+            int ok;
+            Py_BLOCK_THREADS
+            ok = make_current(ex);
+            Py_UNBLOCK_THREADS
+            if (ok != 0) {
+                *python_error = 1;
+                break;
+            }
+            retried = 1;
+            code = call(ex, words + i * WORDS, capturing);
+        }
+        if (code != 0 || *capturing) break;
+    }
+    Py_END_ALLOW_THREADS
+    *failed = i;
+    return code;
+}
+
+static PyObject *outcome(Py_ssize_t failed, Py_ssize_t n, int code, int capturing, int python_error) {
+    if (python_error) return NULL;
+    if (failed >= n) Py_RETURN_NONE;
+    return Py_BuildValue("(ni)", failed, capturing ? 0 : code);
+}
+
+static PyObject *Executor_run(Executor *ex, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) != 0) return NULL;
+    if (view.len % (WORDS * sizeof(uint64_t)) != 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "a program is a whole number of 6-word records");
+        return NULL;
+    }
+    const uint64_t *words = (const uint64_t *)view.buf;
+    Py_ssize_t n = view.len / (Py_ssize_t)(WORDS * sizeof(uint64_t));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (words[i * WORDS] >= N_OPS) {
+            PyBuffer_Release(&view);
+            PyErr_Format(PyExc_ValueError, "record %zd: unknown op %llu", i, (unsigned long long)words[i * WORDS]);
+            return NULL;
+        }
+    }
+    Py_ssize_t failed;
+    int capturing, python_error;
+    int code = execute(ex, words, n, &failed, &capturing, &python_error);
+    PyBuffer_Release(&view);
+    return outcome(failed, n, code, capturing, python_error);
+}
+
+static PyObject *Executor_replay(Executor *ex, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "replay(graph_exec, stream)");
+        return NULL;
+    }
+    uint64_t exec = PyLong_AsUnsignedLongLong(args[0]);
+    uint64_t stream = PyLong_AsUnsignedLongLong(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    uint64_t words[2 * WORDS] = {OP_CHECK, stream, 0, 0, 0, 0, OP_GRAPH, exec, stream, 0, 0, 0};
+    Py_ssize_t failed;
+    int capturing, python_error;
+    int code = execute(ex, words, 2, &failed, &capturing, &python_error);
+    return outcome(failed, 2, code, capturing, python_error);
+}
+
+static PyObject *Executor_record(Executor *ex, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "record(event, stream)");
+        return NULL;
+    }
+    uint64_t words[WORDS] = {OP_RECORD, PyLong_AsUnsignedLongLong(args[0]), PyLong_AsUnsignedLongLong(args[1]), 0, 0, 0};
+    if (PyErr_Occurred()) return NULL;
+    int capturing;
+    int code = call(ex, words, &capturing); /* short: the GIL stays held */
+    if (code != 0 && code == ex->context_error) {
+        if (make_current(ex) != 0) return NULL;
+        code = call(ex, words, &capturing);
+    }
+    if (code == 0) Py_RETURN_NONE;
+    PyObject *exc = PyObject_CallFunction(ex->make_error, "is", code, (ex->hip ? HIP_NAMES : CUDA_NAMES)[OP_RECORD]);
+    if (exc == NULL) return NULL;
+    PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    Py_DECREF(exc);
+    return NULL;
+}
+
+static PyObject *Executor_call_name(Executor *ex, PyObject *arg) {
+    long op = PyLong_AsLong(arg);
+    if (op == -1 && PyErr_Occurred()) return NULL;
+    if (op < 0 || op >= N_OPS) {
+        PyErr_Format(PyExc_ValueError, "unknown op %ld", op);
+        return NULL;
+    }
+    return PyUnicode_FromString((ex->hip ? HIP_NAMES : CUDA_NAMES)[op]);
+}
+
+static int Executor_init(Executor *ex, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"addresses", "hip", "make_error", "make_current", "context_error", NULL};
+    PyObject *addresses, *make_error, *make_current_fn;
+    int hip, context_error;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!pOOi", kwlist, &PyTuple_Type, &addresses, &hip, &make_error, &make_current_fn,
+                                     &context_error))
+        return -1;
+    if (PyTuple_GET_SIZE(addresses) != N_OPS) {
+        PyErr_Format(PyExc_ValueError, "addresses: %d entry points", N_OPS);
+        return -1;
+    }
+    for (int i = 0; i < N_OPS; i++) {
+        void *p = PyLong_AsVoidPtr(PyTuple_GET_ITEM(addresses, i));
+        if (p == NULL) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "addresses[%d] is NULL", i);
+            return -1;
+        }
+        ex->fns[i] = p;
+    }
+    if (!PyCallable_Check(make_error) || (make_current_fn != Py_None && !PyCallable_Check(make_current_fn))) {
+        PyErr_SetString(PyExc_TypeError, "make_error must be callable, make_current callable or None");
+        return -1;
+    }
+    ex->hip = hip;
+    ex->context_error = context_error;
+    Py_XSETREF(ex->make_error, Py_NewRef(make_error));
+    Py_XSETREF(ex->make_current, Py_NewRef(make_current_fn));
+    return 0;
+}
+
+static void Executor_dealloc(Executor *ex) {
+    Py_XDECREF(ex->make_error);
+    Py_XDECREF(ex->make_current);
+    Py_TYPE(ex)->tp_free((PyObject *)ex);
+}
+
+static PyMethodDef Executor_methods[] = {
+    {"run", (PyCFunction)Executor_run, METH_O, "run(program) -> None | (index, code)"},
+    {"replay", (PyCFunction)(void (*)(void))Executor_replay, METH_FASTCALL, "replay(graph_exec, stream) -> None | (index, code)"},
+    {"record", (PyCFunction)(void (*)(void))Executor_record, METH_FASTCALL, "record(event, stream); raises make_error(code, call)"},
+    {"call_name", (PyCFunction)Executor_call_name, METH_O, "call_name(op) -> the entry point's C name"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ExecutorType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "streamrt._backends._launch_c.Executor",
+    .tp_basicsize = sizeof(Executor),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Executor_init,
+    .tp_dealloc = (destructor)Executor_dealloc,
+    .tp_methods = Executor_methods,
+    .tp_doc = "Driver entry points called in one go; see the module's comment.",
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, .m_name = "_launch_c", .m_doc = "A launch's driver calls in one call from Python.", .m_size = -1};
+
+PyMODINIT_FUNC PyInit__launch_c(void) {
+    if (PyType_Ready(&ExecutorType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddObjectRef(m, "Executor", (PyObject *)&ExecutorType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    const char *ops[N_OPS] = {"OP_CHECK", "OP_MEMSET", "OP_COPY", "OP_HOST", "OP_RECORD", "OP_WAIT", "OP_GRAPH"};
+    for (int i = 0; i < N_OPS; i++) {
+        if (PyModule_AddIntConstant(m, ops[i], i) < 0) {
+            Py_DECREF(m);
+            return NULL;
+        }
+    }
+    if (PyModule_AddIntConstant(m, "WORDS", WORDS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,25 @@
+# Types of the C module built from _launch_c.c (the Python side: _native_ops.py).
+from collections.abc import Callable
+
+OP_CHECK: int
+OP_MEMSET: int
+OP_COPY: int
+OP_HOST: int
+OP_RECORD: int
+OP_WAIT: int
+OP_GRAPH: int
+WORDS: int
+
+class Executor:
+    def __init__(
+        self,
+        addresses: tuple[int, ...],
+        hip: bool,
+        make_error: Callable[[int, str], BaseException],
+        make_current: Callable[[], None] | None,
+        context_error: int,
+    ) -> None: ...
+    def run(self, program: object, /) -> tuple[int, int] | None: ...
+    def replay(self, graph_exec: int, stream: int, /) -> tuple[int, int] | None: ...
+    def record(self, event: int, stream: int, /) -> None: ...
+    def call_name(self, op: int, /) -> str: ...

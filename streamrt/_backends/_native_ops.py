@@ -1,0 +1,185 @@
+"""Native launch ops: a launch's backend calls made in one call into C (``_launch_c``), the GIL released once.
+
+A GPU backend offers :class:`NativeOps` as ``backend.native_ops`` (``None`` on
+the simulator, while a trace is open, and where ``_launch_c`` was not built:
+callers then make the same calls one by one through the backend's methods,
+the Python twin of this path). Callers build a :class:`Program` once -- the
+backend calls of a launch with their handles and arguments, usually with
+:meth:`NativeOps.compile` from bound backend calls -- and run it on every
+launch:
+
+* :meth:`NativeOps.run` runs a program; it returns ``None`` when every call
+  succeeded, or ``(index, error)`` for the call that stopped it: ``error`` is
+  ``None`` where a capture check found the stream capturing (nothing after the
+  check ran), else the exception that call's failure maps to (the calls before
+  ``index`` were made);
+* :meth:`NativeOps.replay` checks that a stream is not capturing and launches an
+  executable graph on it, with the same result;
+* :meth:`NativeOps.record` records an event (raises like ``backend.event_record``).
+
+The entry points are the CUDA driver's (``cuMemsetD8Async``, ``cuMemcpyAsync``,
+...; a thread with no current context gets the device's primary context made
+current, then the call is retried) or HIP's (``hipMemsetAsync``, ...). Errors
+map through the backend's own code tables.
+
+Thread rules: any thread; a program is immutable once built.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from array import array
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+__all__ = ["NativeOps", "Program", "load"]
+
+_c: Any = None  # the C module, where it was built (else the backends' Python calls serve the same contract)
+try:
+    from . import _launch_c
+
+    _c = _launch_c
+except ImportError:
+    pass
+
+#: The entry points, in the executor's order (CUDA driver names; HIP's are ``hip`` + the same tail).
+CUDA_ENTRY_POINTS = ("cuStreamIsCapturing", "cuMemsetD8Async", "cuMemcpyAsync", "cuLaunchHostFunc", "cuEventRecord", "cuStreamWaitEvent", "cuGraphLaunch")
+HIP_ENTRY_POINTS = ("hipStreamIsCapturing", "hipMemsetAsync", "hipMemcpyAsync", "hipLaunchHostFunc", "hipEventRecord", "hipStreamWaitEvent", "hipGraphLaunch")
+
+class Program:
+    """Backend calls to run in one go: append them in order, then hand the program to :meth:`NativeOps.run`."""
+
+    __slots__ = ("_words",)
+
+    def __init__(self) -> None:
+        self._words = array("Q")
+
+    def _add(self, op: int, *args: int) -> Program:
+        words = [op, *(int(a) & 0xFFFFFFFFFFFFFFFF for a in args)]
+        self._words.extend(words + [0] * (_c.WORDS - len(words)))
+        return self
+
+    def check_not_capturing(self, stream: int) -> Program:
+        return self._add(_c.OP_CHECK, stream)
+
+    def memset(self, dst: int, value: int, nbytes: int, stream: int) -> Program:
+        return self._add(_c.OP_MEMSET, dst, value, nbytes, stream)
+
+    def copy(self, dst: int, src: int, nbytes: int, kind: int, stream: int) -> Program:
+        return self._add(_c.OP_COPY, dst, src, nbytes, kind, stream)
+
+    def host(self, stream: int, fn: int, data: int) -> Program:
+        return self._add(_c.OP_HOST, stream, fn, data)
+
+    def record(self, event: int, stream: int) -> Program:
+        return self._add(_c.OP_RECORD, event, stream)
+
+    def wait(self, stream: int, event: int) -> Program:
+        return self._add(_c.OP_WAIT, stream, event)
+
+    def __len__(self) -> int:
+        return len(self._words) // _c.WORDS
+
+
+class NativeOps:
+    """The executor of one backend. See the module docstring."""
+
+    __slots__ = ("_backend", "_executor", "_make_error", "_run", "_replay", "record")
+
+    def __init__(
+        self,
+        addresses: Sequence[int],
+        *,
+        hip: bool,
+        make_error: Callable[[int, str], BaseException],
+        make_current: Callable[[], None] | None = None,
+        context_error: int = 0,
+        backend: Any = None,
+    ) -> None:
+        if _c is None:
+            raise RuntimeError("streamrt._backends._launch_c is not built")
+        self._executor = _c.Executor(tuple(addresses), hip, make_error, make_current, context_error)
+        self._backend = backend
+        self._make_error = make_error
+        self._run = self._executor.run
+        self._replay = self._executor.replay
+        self.record: Callable[[int, int], None] = self._executor.record
+
+    def compile(self, stream: int, steps: Iterable[tuple[Callable[..., Any] | None, tuple[Any, ...]]]) -> Program | None:
+        """A program that checks ``stream`` is not capturing, then makes ``steps``' calls; ``None`` if one can't be.
+
+        ``steps`` are ``(fn, args)`` with ``fn`` a method of the backend that
+        made these ops -- ``memset_async``, ``memcpy_async``,
+        ``launch_host_func``, ``event_record``, ``stream_wait_event`` -- and
+        their arguments: the program's call ``i + 1`` is step ``i``.
+        """
+        backend = self._backend
+        if backend is None:
+            return None
+        program = Program().check_not_capturing(stream)
+        add: dict[Any, Callable[..., Program]] = {
+            backend.memset_async: program.memset,
+            backend.memcpy_async: program.copy,
+            backend.launch_host_func: program.host,
+            backend.event_record: program.record,
+            backend.stream_wait_event: program.wait,
+        }
+        for fn, args in steps:
+            append = add.get(fn) if fn is not None else None
+            if append is None:
+                return None
+            append(*args)
+        return program
+
+    def run(self, program: Program) -> tuple[int, BaseException | None] | None:
+        """Run ``program``'s calls in order (GIL released); see the module docstring for the result."""
+        failed = self._run(program._words)
+        return None if failed is None else self._failure(program._words[failed[0] * _c.WORDS], *failed)
+
+    def replay(self, graph_exec: int, stream: int) -> tuple[int, BaseException | None] | None:
+        """Launch ``graph_exec`` on ``stream`` unless the stream is capturing: index 0 is the check, 1 the launch."""
+        failed = self._replay(graph_exec, stream)
+        return None if failed is None else self._failure(_c.OP_GRAPH if failed[0] else _c.OP_CHECK, *failed)
+
+    def _failure(self, op: int, index: int, code: int) -> tuple[int, BaseException | None]:
+        if code == 0:
+            return index, None
+        return index, self._make_error(code, self._executor.call_name(op))
+
+
+def available() -> bool:
+    """``True`` where the executor was built."""
+    return _c is not None
+
+
+def load(
+    library: ctypes.CDLL,
+    *,
+    hip: bool,
+    make_error: Callable[[int, str], BaseException],
+    make_current: Callable[[], None] | None = None,
+    context_error: int = 0,
+    resolve: Callable[[str], int | None] | None = None,
+    backend: Any = None,
+) -> NativeOps | None:
+    """The executor over ``library``'s entry points, or ``None`` where it was not built or one is missing.
+
+    ``resolve(name)`` finds an entry point's address first (the CUDA driver's
+    ``cuGetProcAddress``); the library's exported symbol is the fallback.
+    ``backend``: the backend whose bound calls :meth:`NativeOps.compile` translates.
+    """
+    if _c is None:
+        return None
+    addresses: list[int] = []
+    for name in HIP_ENTRY_POINTS if hip else CUDA_ENTRY_POINTS:
+        address = resolve(name) if resolve is not None else None
+        if not address:
+            try:
+                address = ctypes.cast(getattr(library, name), ctypes.c_void_p).value
+            except (AttributeError, ctypes.ArgumentError):  # not exported, or not a C function (a stand-in)
+                address = None
+        if not address:
+            return None
+        addresses.append(address)
+    return NativeOps(
+        addresses, hip=hip, make_error=make_error, make_current=make_current, context_error=context_error, backend=backend
+    )
