@@ -90,3 +90,75 @@ def test_a_planned_launch_fails_midway_names_the_node_and_leaves_the_stream_usab
     p.launch(s).result(10)
     s.synchronize()
     assert ran == [1, 1, 1]  # the host node enqueued before the failure ran
+
+
+def _driver_calls_only(rt: srt.Runtime, s: srt.Stream) -> tuple[srt.Pipeline, srt.Buffer, srt.Buffer, srt.Event]:
+    """memset ∥ D2H(src → staging) → H2D(staging → dst) → D2H(dst → out), with a record and a wait."""
+    src, dst = (rt.device_allocator.allocate(256, stream=s) for _ in range(2))
+    staging, out = pinned(rt, 256), pinned(rt, 256)
+    ready, done = rt.create_event(), rt.create_event()
+    s.record(ready)
+    p = srt.Pipeline("driver-calls")
+    p.wait(ready, name="ready")
+    p.memset(dst, 0, name="clear")
+    down = p.copy(dst=staging, src=src, name="down")
+    up = p.copy(dst=dst, src=staging, after=[down], name="up")
+    back = p.copy(dst=out, src=dst, after=[up], name="back")
+    p.record(done, after=[back], name="done")
+    return p, src, out, done
+
+
+def test_a_plan_of_driver_calls_is_one_native_program_where_the_backend_has_one(rt: srt.Runtime) -> None:
+    """On cuda and hip (the executor built) the launch is one native call; everywhere the results are the same."""
+    from streamrt._backends import _native_ops
+
+    s = rt.create_stream()
+    p, src, out, done = _driver_calls_only(rt, s)
+    fill = pinned(rt, 256)
+    native = rt.backend.native_ops is not None
+    assert native == (rt.backend.name != "sim" and _native_ops.available())
+    for i in range(5):
+        fill.numpy()[:] = i + 1
+        s.copy(dst=src, src=fill)
+        p.launch(s).result(10)
+        assert (out.numpy() == i + 1).all()
+        assert done.is_done
+    plan = p._plans[s]
+    assert (plan.program is not None) == native
+    assert plan.program is None or len(plan.program) == 1 + len(plan.steps)  # the capture check, then each step
+    q = srt.Pipeline("with-python-host")
+    q.host(lambda: None)
+    q.launch(s).result(10)
+    assert q._plans[s].program is None  # a Python host node: the Python path
+
+
+def test_plans_and_replays_run_from_a_thread_that_never_used_the_device(rt: srt.Runtime) -> None:
+    """A fresh thread has no current context: the executor makes the device's current and retries (CUDA)."""
+    import threading
+
+    s = rt.create_stream()
+    p, src, out, _ = _driver_calls_only(rt, s)
+    p.launch(s).result(10)  # compiled on this thread
+    graph = srt.Pipeline("replayed")
+    graph.copy(dst=out, src=src)
+    g = graph.capture(s)
+    fill = pinned(rt, 256, fill=42)
+    s.copy(dst=src, src=fill)
+    s.synchronize()
+    errors: list[BaseException] = []
+
+    def launch() -> None:
+        try:
+            p.launch(s).result(10)
+            assert (out.numpy() == 42).all()
+            out.numpy()[:] = 0
+            g.launch(s).result(10)
+            assert (out.numpy() == 42).all()
+        except BaseException as exc:  # noqa: BLE001 - reported on the test's thread
+            errors.append(exc)
+
+    t = threading.Thread(target=launch)
+    t.start()
+    t.join(30)
+    assert not t.is_alive() and errors == []
+    g.close()
