@@ -91,11 +91,15 @@ def release_after_streams(runtime: Runtime, streams: AbstractSet[Stream], then: 
 
 
 def after_device_sync(runtime: Runtime, then: Callable[[], None]) -> None:
-    """On the releaser thread: wait for the whole device (unless the runtime closed), then call ``then()``."""
+    """On the releaser thread: wait for the whole device (unless the runtime closed), then call ``then()``.
+
+    The wait starts once no capture streamrt began on the runtime is in progress (it would invalidate it).
+    """
     if not runtime.is_closed:
         backend = runtime.backend
         if runtime._multi_device:  # normally the releaser thread; inline once the releaser has closed
             backend.ensure_device(runtime.device)
+        runtime._captures.wait_none()  # a device-wide wait would invalidate a capture in progress
         backend.device_synchronize()
     then()
 

@@ -11,7 +11,7 @@ import collections
 import threading
 from typing import Any, Callable
 
-__all__ = ["Releaser"]
+__all__ = ["Captures", "Releaser"]
 
 
 class Releaser:
@@ -79,3 +79,36 @@ class Releaser:
                 with cond:
                     self._busy = 0
                     cond.notify_all()
+
+
+class Captures:
+    """The graph captures streamrt has in progress on one runtime's device.
+
+    A device-wide wait (``device_synchronize``) while a stream of the device
+    is capturing invalidates that capture, so the releaser's whole-device
+    waits (:func:`~streamrt._allocator.after_device_sync`) first wait for
+    streamrt's own captures to end: :meth:`begun` / :meth:`ended` around each,
+    :meth:`wait_none` before the wait. Any thread.
+    """
+
+    #: How long a device-wide wait waits for captures to end before it goes ahead (a capture left open).
+    PATIENCE_S = 30.0
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._open = 0
+
+    def begun(self) -> None:
+        with self._cond:
+            self._open += 1
+
+    def ended(self) -> None:
+        with self._cond:
+            self._open -= 1
+            if not self._open:
+                self._cond.notify_all()
+
+    def wait_none(self) -> bool:
+        """Block until no capture is in progress (at most :attr:`PATIENCE_S`); ``False`` if one still is."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._open, self.PATIENCE_S)

@@ -25,7 +25,7 @@ from ._event import Event
 from ._event_pool import EventPool
 from ._extensions import hook
 from ._interop import foreign_stream_handle
-from ._releaser import Releaser
+from ._releaser import Captures, Releaser
 from ._stream import Stream
 from ._switch_interval import DEFAULT_SWITCH_INTERVAL
 from ._trace import Trace, TraceRegion, attach_on_open, finish_on_close, stop_trace, trace_region
@@ -161,6 +161,7 @@ class Runtime:
         self._schedulers: weakref.WeakSet[Scheduler] = weakref.WeakSet()
         self._capabilities = backend.capabilities(device)
         self.releaser = Releaser()
+        self._captures = Captures()  # streamrt's captures in progress (device-wide waits wait for them)
         if self._multi_device:  # frees and device-wide syncs on the releaser thread act on this device
             self.releaser.submit(backend.ensure_device, device)
         # one pool for every bookkeeping event; with several devices it makes them on this one

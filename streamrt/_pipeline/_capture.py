@@ -126,6 +126,7 @@ class StreamCapture:
             except BaseException:
                 _leave_pools(self._pools, close=True)
                 raise
+            rt._captures.begun()  # the releaser's device-wide waits wait for __exit__
             graph = Graph(self._name, rt, [], [], False, self._mode, None, RunChain(), from_stream=True)
             self._session = stream._capture = CaptureSession(graph)
         return graph
@@ -149,6 +150,7 @@ class StreamCapture:
             except Exception as error:  # noqa: BLE001 - reported below, or behind the block's own error
                 failure = error
             finally:
+                rt._captures.ended()
                 if graph_handle:
                     backend.graph_destroy(graph_handle)
         if exc is not None or failure is not None:

@@ -184,6 +184,8 @@ def _capture_exec(
         held.enter_context(holding([stream, *sides]))  # no other thread's work slips into the capture
         backend.stream_begin_capture(h, mode)
         capturing = True
+        rt._captures.begun()
+        held.callback(rt._captures.ended)  # the releaser's device-wide waits wait until then
         try:
             record_into(name, nodes, order, stream, slots, plan, sides)
         except BaseException:

@@ -184,3 +184,25 @@ def test_close_inside_the_block_drops_the_graph_at_its_end(rt: srt.Runtime) -> N
     with pytest.raises(srt.ClosedError):
         g.launch(s)
     assert (download(rt, s, d) == 0).all()
+
+
+def test_the_releasers_device_wide_wait_waits_for_a_capture_in_progress(rt: srt.Runtime) -> None:
+    """A release after a closed stream waits for the whole device; begun mid-capture, it would invalidate it."""
+    import threading
+    import time
+
+    s, gone = rt.create_stream(), rt.create_stream()
+    gone.close()
+    buf = rt.device_allocator.allocate(64, stream=s)
+    host = rt.host_allocator.allocate(64)
+    released = threading.Event()
+    with s.capture() as graph:
+        s.memset(buf, 1)
+        srt.release_after_streams(rt, {gone}, released.set)  # a closed stream: a whole-device wait
+        time.sleep(0.05)  # time for the releaser to reach its wait
+        assert not released.is_set()
+        s.copy(dst=host, src=buf)  # still a valid capture
+    assert released.wait(10)
+    graph.launch(s).result(10)
+    assert (host.numpy() == 1).all()
+    graph.close()
