@@ -31,7 +31,7 @@ import ctypes
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
-__all__ = ["NativeOps", "Program", "load"]
+__all__ = ["NativeOps", "Program", "available", "load"]
 
 _c: Any = None  # the C module, where it was built (else the backends' Python calls serve the same contract)
 try:

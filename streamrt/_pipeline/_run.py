@@ -127,29 +127,6 @@ class Run(Completion):
             req.owner = self
         record = engine._record
         pool = engine._pool
-        if type(tails) is tuple and len(tails) == 1:  # one tail, the Run itself: pushed last, so no hold is needed
-            stream = tails[0]
-            lane = stream._lane
-            event = pool.pop() if pool else engine._events.take()
-            lane._depth += 1  # a record-and-push section (see _Lane, "Order")
-            try:
-                try:
-                    record(event, stream._handle)
-                except BaseException:
-                    pool.append(event)
-                    rt = stream._runtime  # nothing watches what the launch enqueued: finish once the device is idle
-                    self._remaining = 1
-                    rt.releaser.submit(after_device_sync, rt, lambda: self._tail_done(0, None, None))
-                    raise
-                self.event = event
-                self.unordered = lane._depth > 1
-                self._tails.append((stream, event))
-                self._remaining = 1
-                self._lanes = (lane,)
-                lane.push(self)  # type: ignore[arg-type]  # a Run is its own entry; the lane may retire it from here on
-            finally:
-                lane._depth -= 1
-            return
         lanes: list[_Lane] = []
         self._remaining = 1  # held until every tail is watched: an early tail must not finish the Run
         try:
