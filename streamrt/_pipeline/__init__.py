@@ -4,7 +4,7 @@ Modules: ``_builder`` (:class:`Pipeline`: building, validation, launching),
 ``_nodes`` (the node kinds and the enqueue of a planned pipeline), ``_deps``
 (dependencies from declared access, fork plans), ``_launch`` (launches past
 the plan fast path: the policies' enqueue), ``_plan`` (the compiled launch of
-a pipeline on one stream), ``_run`` (:class:`Run`, one future per
+a pipeline on one stream), ``_fork_plan`` (the compiled ``"fork"`` launch), ``_run`` (:class:`Run`, one future per
 launch), ``_graph`` (:class:`Graph`, captured replays), ``_devices``
 (pipelines spanning devices).
 """

@@ -72,7 +72,6 @@ from .._stream import Stream
 if TYPE_CHECKING:
     from .._hostcall import HostRequest
     from ._graph import Graph
-    from ._plan import LaunchPlan
     from .._runtime import Runtime
 
 __all__ = ["Edge", "Pipeline"]
@@ -120,7 +119,7 @@ class Pipeline:
         self._version = 0
         self._cache: dict[str, Any] = {}
         self._chain = RunChain()  # orders this pipeline's runs and its graphs' replays
-        self._plans: dict[Stream, LaunchPlan] = {}  # compiled for this version, by stream (see _plan.py)
+        self._plans: dict[Any, Any] = {}  # compiled for this version: LaunchPlan by stream, ForkLaunchPlan by (stream, wait_for, join)
         self._lock = self._chain.lock
 
     # -- introspection ----------------------------------------------------------------------
@@ -342,10 +341,9 @@ class Pipeline:
         the Run returned is done at once with a ``CaptureError`` (nothing ran;
         see docs/pipelines.md, "Capture").
         """
-        if policy == "stream":
-            compiled = self._plans.get(stream)
-            if compiled is not None and compiled.backend is stream._backend is stream._runtime._base_backend:
-                return compiled.launch()
+        compiled = self._plans.get(stream if policy == "stream" else (stream, wait_for, join) if policy == "fork" else None)
+        if compiled is not None and compiled.backend is stream._backend is stream._runtime._base_backend:
+            return compiled.launch()
         return launch_pipeline(self, stream, policy, wait_for, join)
 
     def capture(self, stream: Stream, *, policy: str = "stream", mode: CaptureMode = CaptureMode.THREAD_LOCAL) -> Graph:

@@ -18,8 +18,9 @@ compiled plan for the stream yet, or the launch cannot use one (the
 arguments and the stream before anything is enqueued, then:
 
 * compiles a :class:`~streamrt._pipeline._plan.LaunchPlan` for the stream
-  (``"stream"`` policy, untraced: later launches take the fast path) and
-  launches it;
+  (``"stream"`` policy, untraced: later launches take the fast path), or a
+  :class:`~streamrt._pipeline._fork_plan.ForkLaunchPlan` (``"fork"``, untraced,
+  several branches and no Python host node), and launches it;
 * or enqueues node by node: every node on the caller's stream
   (:func:`launch_single`), or the branches on the caller's and side streams
   (:func:`launch_fork`);
@@ -40,6 +41,7 @@ from .._streampool import pool_for
 from ._capture import launch_into_capture
 from ._deps import ForkPlan
 from ._devices import launch_across_devices
+from ._fork_plan import ForkLaunchPlan, plannable
 from ._nodes import EnqueueContext, enqueue_plan
 from ._plan import LaunchPlan
 from ._run import Run
@@ -76,17 +78,22 @@ def launch_pipeline(p: Pipeline, stream: Stream, policy: str, wait_for: str | Ev
         plan = p._fork_plan() if policy == "fork" else None
         if plan is not None and plan.slots == 1:
             plan = None  # a single chain: nothing to fork
+        untraced = rt._backend is rt._base_backend
         if plan is None:
-            if policy == "stream" and rt._backend is rt._base_backend:
-                return plan_for(p, stream, order, keep).launch()
+            if policy == "stream" and untraced:
+                return _keep_plan(p, stream, LaunchPlan(p, stream, p._nodes, order, keep)).launch()
             return launch_single(p, stream, order, keep, policy)
+        if untraced and plannable(p._nodes, plan, wait_for):
+            fork = ForkLaunchPlan(p, stream, p._nodes, keep, plan, wait_for, join)  # type: ignore[arg-type]
+            return _keep_plan(p, (stream, wait_for, join), fork).launch()
         return launch_fork(p, stream, order, plan, keep, wait_for, join)
 
 
-def plan_for(p: Pipeline, stream: Stream, order: list[int], keep: tuple[Any, ...]) -> LaunchPlan:
-    """The launch plan of this version on ``stream`` (compiled now; closed streams' plans dropped)."""
-    plans = {s: q for s, q in p._plans.items() if not s._closed} if len(p._plans) >= 8 else p._plans
-    plan = plans[stream] = LaunchPlan(p, stream, p._nodes, order, keep)
+def _keep_plan(p: Pipeline, key: Any, plan: Any) -> Any:
+    """Keep ``plan`` for this version under ``key`` (the stream, or ``(stream, wait_for, join)`` for "fork");
+    closed streams' plans are dropped."""
+    plans = {k: q for k, q in p._plans.items() if not q.stream._closed} if len(p._plans) >= 8 else p._plans
+    plans[key] = plan
     p._plans = plans
     return plan
 

@@ -162,3 +162,72 @@ def test_plans_and_replays_run_from_a_thread_that_never_used_the_device(rt: srt.
     t.join(30)
     assert not t.is_alive() and errors == []
     g.close()
+
+
+def _two_branches(rt: srt.Runtime, s: srt.Stream) -> tuple[srt.Pipeline, srt.Buffer, srt.Buffer]:
+    a, b = (rt.device_allocator.allocate(64, stream=s) for _ in range(2))
+    ha, hb = pinned(rt, 64), pinned(rt, 64)
+    p = srt.Pipeline("branches")
+    p.copy(dst=ha, src=a, after=[p.memset(a, 1)])
+    p.copy(dst=hb, src=b, after=[p.memset(b, 2)])
+    return p, ha, hb
+
+
+@pytest.mark.parametrize("join", [True, False])
+@pytest.mark.parametrize("wait_for", ["stream", None])
+def test_a_fork_launch_is_compiled_once_and_keeps_its_side_streams(rt: srt.Runtime, wait_for: str | None, join: bool) -> None:
+    from streamrt._pipeline._fork_plan import ForkLaunchPlan
+
+    s = rt.create_stream()
+    p, ha, hb = _two_branches(rt, s)
+    runs = []
+    for _ in range(3):
+        run = p.launch(s, policy="fork", wait_for=wait_for, join=join)
+        run.join(s)
+        run.result(10)
+        runs.append(run)
+        assert (ha.numpy() == 1).all() and (hb.numpy() == 2).all()
+    plan = p._plans[(s, wait_for, join)]
+    assert isinstance(plan, ForkLaunchPlan)
+    assert all(r.streams == plan.streams for r in runs) and len(plan.streams) == 2 and plan.streams[0] is s
+    assert (plan.program is not None) == (rt.backend.native_ops is not None)
+
+
+def test_a_fork_launch_waits_for_the_callers_stream_unless_told_not_to(rt: srt.Runtime) -> None:
+    from pipeline_helpers import Gate
+
+    s = rt.create_stream()
+    p, ha, hb = _two_branches(rt, s)
+    for wait_for in ("stream", None):
+        p.launch(s, policy="fork", wait_for=wait_for).result(10)  # compiled
+        ha.numpy()[:] = hb.numpy()[:] = 0
+        gate = Gate()
+        s.launch_host_func(gate)
+        try:
+            run = p.launch(s, policy="fork", wait_for=wait_for, join=False)
+            side = run.streams[1]
+            if wait_for is None:  # the side branch runs at once
+                side.synchronize()
+                assert (hb.numpy() == 2).all() or (ha.numpy() == 1).all()
+            else:
+                assert not run.is_done and not side.is_idle
+        finally:
+            gate.open()
+        run.result(10)
+        assert (ha.numpy() == 1).all() and (hb.numpy() == 2).all()
+
+
+def test_a_dropped_fork_plan_gives_its_side_streams_back_to_the_pool(rt: srt.Runtime) -> None:
+    import gc
+
+    from streamrt._streampool import pool_for
+
+    s = rt.create_stream()
+    p, ha, _ = _two_branches(rt, s)
+    p.launch(s, policy="fork").result(10)
+    side = p._plans[(s, "stream", True)].sides[0]
+    p.memset(ha, 0, name="changed")  # a new version: the plan is dropped
+    assert not p._plans
+    gc.collect()
+    (again,) = pool_for(rt).acquire_streams(1, s.priority)
+    assert again is side

@@ -1,0 +1,191 @@
+"""Fork plans: the ``"fork"`` policy compiled once for a caller's stream, its side streams kept with it.
+
+A :class:`ForkLaunchPlan` is built the first time a pipeline version is
+launched with ``policy="fork"`` on a stream (``wait_for="stream"`` or
+``None``, one device, tracing off, no Python host nodes, more than one
+branch) and kept until the pipeline changes. It checks out its side streams
+and its ordering events from the runtime's pool once, and gives them back
+when the plan is dropped; the ordering events are re-recorded on every
+launch (a wait binds to the record it saw when it was enqueued, so that is
+safe). The launch is then a flat list of bound backend calls -- the entry
+record and waits, each branch's nodes with the waits and records between
+branches, the join -- which, where the backend has native ops, is one
+native program (:meth:`~streamrt._backends._native_ops.NativeOps.compile`).
+
+What a launch re-checks and how it fails are those of
+:class:`~streamrt._pipeline._plan.LaunchPlan`; the Run's streams are the
+caller's and the side streams, its tails the caller's (``join=True``) or
+every stream's (``join=False``), as the general fork launch makes them.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from .._stream import holding
+from .._streampool import StreamPool, pool_for
+from ._capture import launch_into_capture
+from ._deps import ForkPlan
+from ._nodes import EnqueueContext, HostNode, Node, PlanStep, RecordNode, WaitNode
+from ._run import Run, serialize_after
+
+if TYPE_CHECKING:
+    from .._buffer import Buffer
+    from .._event import Event
+    from .._stream import Stream
+    from ._builder import Pipeline
+
+__all__ = ["ForkLaunchPlan", "plannable"]
+
+
+def plannable(nodes: list[Node], fork: ForkPlan, wait_for: object) -> bool:
+    """Whether a fork launch of ``nodes`` can be compiled: several branches, no Python host node."""
+    return (
+        fork.slots > 1
+        and (wait_for is None or wait_for == "stream")
+        and not any(isinstance(n, HostNode) and n.native_address is None for n in nodes)
+    )
+
+
+def _give_back(pool: StreamPool, sides: list[Stream], priority: int, events: list[Event]) -> None:
+    pool.release_streams(sides, priority)
+    for ev in events:
+        pool.release_event(ev)
+
+
+class ForkLaunchPlan:
+    """``pipeline`` compiled for ``"fork"`` launches from ``stream``. See the module docstring."""
+
+    __slots__ = (
+        "__weakref__", "backend", "events", "keep", "names", "pipeline", "program", "records", "roots", "run_program",
+        "sides", "steps", "stream", "streams", "tails", "wait_for",
+    )
+
+    def __init__(
+        self, pipeline: Pipeline, stream: Stream, nodes: list[Node], keep: tuple[Any, ...], fork: ForkPlan,
+        wait_for: str | None, join: bool,
+    ) -> None:
+        self.pipeline = pipeline
+        self.stream = stream
+        self.wait_for = wait_for
+        backend = self.backend = stream._backend
+        pool = pool_for(stream._runtime)
+        self.sides = pool.acquire_streams(fork.slots - 1, stream.priority)
+        owned: list[Event] = []
+        weakref.finalize(self, _give_back, pool, self.sides, stream.priority, owned)
+        streams = self.streams = (stream, *self.sides)
+        steps: list[PlanStep] = []
+        names: list[str] = []  # per step: the node it belongs to ("" for the entry and the join)
+        extra: list[Any] = []
+
+        def ordering(fn: Any, args: tuple[Any, ...], name: str = "") -> None:
+            steps.append((fn, args))
+            names.append(name)
+
+        def event() -> Event:
+            ev = pool.acquire_event()
+            owned.append(ev)
+            return ev
+
+        if wait_for == "stream":
+            entry = event()
+            ordering(backend.event_record, (entry._handle, stream._handle))
+            for side in self.sides:
+                ordering(backend.stream_wait_event, (side._handle, entry._handle))
+        after: dict[int, Event] = {}  # node -> the event recorded after it
+        used: dict[int, tuple[Buffer, dict[Stream, None]]] = {}  # root buffer id -> (root, streams using it)
+        records: list[tuple[Event, int]] = []
+        for v, slot, waits in fork.steps:
+            s, node = streams[slot], nodes[v]
+            for u in waits:
+                ordering(backend.stream_wait_event, (s._handle, after[u]._handle), node._name)
+            step = node._plan_step(s, extra)
+            if step is not None:
+                ordering(*step, node._name)
+            if v in fork.signals:
+                ev = after[v] = event()
+                ordering(backend.event_record, (ev._handle, s._handle), node._name)
+            if isinstance(node, RecordNode):
+                records.append((node.event, s._handle))
+            for b in node.buffers():
+                root = b.base
+                if root._runtime is stream._runtime:  # other devices' buffers are noted on their peer streams
+                    used.setdefault(id(root), (root, {}))[1][s] = None
+        if join:
+            for slot in fork.joins:
+                tail = fork.tails[slot]
+                if tail not in after:
+                    after[tail] = event()
+                    ordering(backend.event_record, (after[tail]._handle, streams[slot]._handle), nodes[tail]._name)
+                ordering(backend.stream_wait_event, (stream._handle, after[tail]._handle))
+        self.steps = tuple(steps)
+        self.names = tuple(names)
+        self.keep = (*keep, *extra)
+        self.roots = tuple((root, tuple(users)) for root, users in used.values())
+        self.events: tuple[Event, ...] = tuple(n.event for n in nodes if isinstance(n, (RecordNode, WaitNode)))
+        self.records = tuple(records)
+        self.tails = (stream,) if join else streams
+        ops = getattr(backend, "native_ops", None)
+        self.program = ops.compile(stream._handle, self.steps) if ops is not None else None
+        self.run_program = ops.run if ops is not None and self.program is not None else None
+
+    def launch(self) -> Run:
+        """Enqueue the pipeline with the ``"fork"`` policy from the plan's stream; its :class:`Run`."""
+        stream = self.stream
+        pipeline = self.pipeline
+        rt = stream._runtime
+        backend = self.backend
+        handle = stream._handle
+        with stream._lock, pipeline._lock, holding(self.sides):
+            if stream._closed:
+                stream._check_open()
+            for b, _ in self.roots:
+                if b._released:
+                    raise ValueError(f"pipeline {pipeline._name!r} uses a released buffer ({b!r})")
+            for ev in self.events:
+                if ev._closed:
+                    ev._check_open()
+            chain = pipeline._chain
+            prev = chain.last
+            pending = prev is not None and not prev._done
+            native = self.run_program is not None and not pending  # waits for the previous run follow the check
+            if stream._capture is not None or not native and backend.stream_is_capturing(handle):
+                return launch_into_capture(pipeline, stream, *pipeline._validated())
+            if rt._multi_device:
+                backend.ensure_device(rt._device)
+            if pending:
+                serialize_after(prev, (stream,) if self.wait_for == "stream" else self.streams)  # type: ignore[arg-type]
+            if native:
+                failed = self.run_program(self.program)  # type: ignore[misc]
+                if failed is not None:
+                    index, error = failed
+                    if error is None:  # a capture another library began: nothing was enqueued
+                        return launch_into_capture(pipeline, stream, *pipeline._validated())
+                    if index:
+                        self._fail_partial(self.names[index - 1], error)
+                    raise error
+            else:
+                i = 0
+                try:
+                    for i, (fn, args) in enumerate(self.steps):
+                        fn(*args)  # type: ignore[misc]
+                except BaseException as exc:
+                    self._fail_partial(self.names[i], exc)
+                    raise
+            for ev, on in self.records:
+                ev._recorded_on = on
+            for b, users in self.roots:  # each root buffer's streams noted once (see Buffer.note_stream)
+                noted = b._streams
+                if noted is None:
+                    b._streams = set(users)
+                else:
+                    noted.update(users)
+            run = Run(pipeline._name, "fork", self.streams, (), self.keep, rt._engine, self.tails)
+            chain.last = run
+            return run
+
+    def _fail_partial(self, node: str, exc: BaseException) -> None:
+        """What was enqueued before the failing call runs, on every stream (see ``Pipeline._fail_partial``)."""
+        for s in self.streams:
+            self.pipeline._fail_partial(s, self.keep, EnqueueContext(capturing=False, current=node), exc if s is self.stream else None)
