@@ -22,7 +22,8 @@ The entry points are the CUDA driver's (``cuMemsetD8Async``, ``cuMemcpyAsync``,
 current, then the call is retried) or HIP's (``hipMemsetAsync``, ...). Errors
 map through the backend's own code tables.
 
-Thread rules: any thread; a program is immutable once built.
+Thread rules: any thread; a program shared between threads is not changed once built
+(:meth:`Program.set` is for a program one owner patches between its runs).
 """
 
 from __future__ import annotations
@@ -75,6 +76,10 @@ class Program:
 
     def wait(self, stream: int, event: int) -> Program:
         return self._add(_c.OP_WAIT, stream, event)
+
+    def set(self, call: int, arg: int, value: int) -> None:
+        """Change argument ``arg`` of call ``call`` (both counted from 0), for a program only its owner runs."""
+        self._words[call * _c.WORDS + 1 + arg] = int(value) & 0xFFFFFFFFFFFFFFFF
 
     def __len__(self) -> int:
         return len(self._words) // _c.WORDS

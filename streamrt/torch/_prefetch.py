@@ -16,16 +16,24 @@ For each batch taken from the iterable, on the calling thread:
    orders the block's reuse after the copy; simulator: a device block
    aliased by a CPU tensor, see :mod:`._context`) and the leaves become typed
    views of it;
-3. one host-to-device copy is enqueued on the copy stream, then an event;
-4. the staging block is released at once: the allocator reuses it only once
-   the copy stream has passed the copy (the stream-tail keepalive).
+3. one host-to-device copy is enqueued on the copy stream, then an event.
+
+**Staging slots.** Each staged batch takes a *slot*: a pinned staging block and
+the event recorded after the block's copy. Once the batch is handed out, its
+slot goes back to the Prefetcher's free slots; the next batch reuses the oldest
+one whose copy has landed (one event query), so a warm Prefetcher stages with
+no allocator call and one event record per batch. While every free slot's copy
+is still in flight a new slot is made, up to ``depth + 2`` of them; past that,
+the oldest slot's block goes back to the allocator, stream-ordered after its
+copy, and a new block is taken. The slots' blocks return to ``rt.host_allocator``
+on :meth:`Prefetcher.close`.
 
 **Plans.** What steps 1 and 2 work out -- each leaf's offset, the block's size,
 each view's dtype, shape and strides -- depends only on the batch's structure
 and its leaves' dtypes and shapes. It is kept per Prefetcher, keyed by those
 (:class:`_Plan`, the last few), so batches of a repeating structure (a padded
-token budget) are staged with one allocation, one ``memmove`` per leaf, one
-copy, one event and one torch view per leaf.
+token budget) are staged with one device allocation, one ``memmove`` per leaf,
+one copy, one event record and one torch view per leaf.
 
 ``next()`` hands out the oldest staged batch: the consumer's stream (the
 ``device_stream``, default torch's current stream at the time of the call)
@@ -63,6 +71,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._backends._native_ops import Program
 from .._backends.protocol import MemcpyKind
 from .._stream import Stream
 from .._trace_labels import label
@@ -71,6 +80,7 @@ from ._lazy import numpy_to_torch_dtype, torch_module
 from ._tree import flatten, unflatten
 
 if TYPE_CHECKING:
+    from .._backends._native_ops import NativeOps
     from .._buffer import Buffer
     from .._event import Event
     from .._runtime import Runtime
@@ -80,6 +90,7 @@ __all__ = ["PrefetchStatistics", "Prefetcher"]
 H2D = MemcpyKind.HOST_TO_DEVICE
 
 _ALIGN = 256
+_SPARE_SLOTS = 2  # staging slots beyond depth (see "Staging slots")
 _MAX_PLANS = 8  # plans kept per Prefetcher (varlen batches of ever-new shapes make a plan each)
 _memmove = ctypes.memmove
 
@@ -97,6 +108,7 @@ class PrefetchStatistics:
         host_waits: hand-offs where the host waited for a copy (only when torch
             computes on the host: the simulator with CPU torch).
         plans: staging plans made (one per new batch structure, dtypes and shapes; the rest reused one).
+        staging_slots: staging slots held (pinned blocks reused once their copies landed; at most ``depth + 2``).
     """
 
     staged: int
@@ -106,14 +118,31 @@ class PrefetchStatistics:
     staged_bytes: int
     host_waits: int
     plans: int = 0
+    staging_slots: int = 0
+
+
+class _Slot:
+    """A pinned staging block and the event recorded after its last copy (see "Staging slots").
+
+    ``program``: the copy and the record as one native program (the copy's destination and size
+    are set per batch), where the backend has native ops.
+    """
+
+    __slots__ = ("block", "capacity", "event", "program")
+
+    def __init__(self, event: Event) -> None:
+        self.event = event
+        self.block: Buffer | None = None
+        self.capacity = 0
+        self.program: Program | None = None
 
 
 class _Staged:
-    __slots__ = ("batch", "block", "event", "tensor")
+    __slots__ = ("batch", "block", "slot", "tensor")
 
-    def __init__(self, batch: Any, event: Event, tensor: Any, block: Buffer | None) -> None:
+    def __init__(self, batch: Any, slot: _Slot, tensor: Any, block: Buffer | None) -> None:
         self.batch = batch
-        self.event = event
+        self.slot = slot  # its event is recorded after the batch's copy
         self.tensor = tensor  # the uint8 device tensor every staged leaf views (None: nothing staged)
         self.block = block  # simulator: the allocator block behind it
 
@@ -191,7 +220,9 @@ class Prefetcher(Iterator[Any]):
         self._stream = rt.create_stream(name="prefetch") if stream is None else stream
         self._device_stream = device_stream
         self._queue: collections.deque[_Staged] = collections.deque()
-        self._events: list[Event] = []  # idle events for reuse
+        self._free: collections.deque[_Slot] = collections.deque()  # slots of batches handed out, oldest first
+        self._slots = 0  # slots made and not dropped
+        self._ops: NativeOps | None = getattr(rt._base_backend, "native_ops", None)
         self._plans: dict[Any, _Plan] = {}
         self._exhausted = False
         self._error: BaseException | None = None
@@ -239,9 +270,9 @@ class Prefetcher(Iterator[Any]):
         self._fill()  # the next copies go in before the consumer enqueues its compute
         ctx = self._ctx
         consumer = self._device_stream if self._device_stream is not None else ctx.current_stream()
-        if ctx.hand_off(item.event, consumer, item.tensor, item.block):
+        if ctx.hand_off(item.slot.event, consumer, item.tensor, item.block):
             self._host_waits += 1
-        self._events.append(item.event)
+        self._free.append(item.slot)
         self._delivered += 1
         return item.batch
 
@@ -263,25 +294,26 @@ class Prefetcher(Iterator[Any]):
             staged_bytes=self._staged_bytes,
             host_waits=self._host_waits,
             plans=self._plans_made,
+            staging_slots=self._slots,
         )
 
     def close(self) -> None:
-        """Drop the batches still staged, free the events, close an owned copy stream. Idempotent.
+        """Drop the batches still staged, give the staging blocks back and free the events, close an owned
+        copy stream. Idempotent.
 
-        An owned copy stream is synchronized first (the copies still in flight are short), so
+        The staging blocks are released stream-ordered after their copies. An owned copy stream is synchronized first (the copies still in flight are short), so
         no memory torch may hand out again is written after the stream is gone.
         """
         if self._closed:
             return
         self._closed = True
-        staged, self._queue = list(self._queue), collections.deque()
-        events = [s.event for s in staged] + self._events
-        self._events = []
+        slots = [s.slot for s in self._queue] + list(self._free)
+        self._queue, self._free = collections.deque(), collections.deque()
         self._plans = {}
-        del staged
         if not self._rt.is_closed:
-            for ev in events:
-                ev.close()
+            for slot in slots:
+                self._drop_block(slot)
+                slot.event.close()
             if self._owns_stream:
                 self._stream.synchronize()
                 self._stream.close()
@@ -333,18 +365,18 @@ class Prefetcher(Iterator[Any]):
         rt = self._rt
         if rt._tracer is not None:
             with label("prefetch", None):
-                tensor, block, event = self._enqueue(plan, values)
+                tensor, block, slot = self._enqueue(plan, values)
         else:
-            tensor, block, event = self._enqueue(plan, values)
+            tensor, block, slot = self._enqueue(plan, values)
         self._staged_bytes += plan.total
         if tensor is None:
-            return _Staged(host, event, None, None)
+            return _Staged(host, slot, None, None)
         typed = {}
         for dtype in plan.dtypes:
             typed[dtype] = tensor.view(dtype)
         for i, dtype, shape, strides, offset in plan.views:
             values[i] = typed[dtype].as_strided(shape, strides, offset)
-        return _Staged(unflatten(structure, values), event, tensor, block)
+        return _Staged(unflatten(structure, values), slot, tensor, block)
 
     def _new_plan(self, key: Any, values: list[Any], passes: list[bool]) -> _Plan:
         plans = self._plans
@@ -354,16 +386,16 @@ class Prefetcher(Iterator[Any]):
         self._plans_made += 1
         return plan
 
-    def _enqueue(self, plan: _Plan, values: list[Any]) -> tuple[Any, Buffer | None, Event]:
-        """Pack the leaves into staging, allocate the device block, enqueue the copy and the event."""
+    def _enqueue(self, plan: _Plan, values: list[Any]) -> tuple[Any, Buffer | None, _Slot]:
+        """Pack the leaves into a slot's staging, allocate the device block, enqueue the copy and the record."""
         stream = self._stream
+        total = plan.total
+        slot = self._slot(total)
         tensor, block = None, None
-        if plan.views:
-            total = plan.total
-            staging = self._rt._host_allocator.allocate(total) if total else None
-            try:
-                if staging is not None:
-                    base = staging._ptr
+        try:
+            if plan.views:
+                if total:
+                    base = slot.block._ptr  # type: ignore[union-attr]
                     for i, offset, nbytes, is_numpy in plan.copies:
                         value = values[i]
                         if is_numpy:
@@ -374,12 +406,62 @@ class Prefetcher(Iterator[Any]):
                                 value = value.detach().contiguous()
                             _memmove(base + offset, value.data_ptr(), nbytes)
                 tensor, address, block = self._ctx.device_block(plan.padded, stream)
-                if staging is not None:
-                    stream._copy_raw(address, base, total, H2D)
-                    staging.note_stream(stream)  # released at the tail: reused once the stream has passed the copy
-            finally:
-                if staging is not None:
-                    staging.release()
-        events = self._events
-        event = stream._record_raw(events.pop() if events else self._rt.create_event())
-        return tensor, block, event
+                if total:
+                    self._copy_and_record(slot, address, total)
+                    return tensor, block, slot
+            stream._record_raw(slot.event)
+        except BaseException:
+            self._drop_block(slot)  # a copy may have been enqueued from it
+            self._free.appendleft(slot)
+            raise
+        return tensor, block, slot
+
+    def _slot(self, total: int) -> _Slot:
+        """The oldest free slot whose copy has landed, else a new one (up to ``depth + 2``, then the oldest
+        with a new block), with at least ``total`` bytes of staging."""
+        free = self._free
+        slot: _Slot | None = None
+        if free and self._stream._backend.event_query(free[0].event._handle):
+            slot = free.popleft()
+        elif self._slots < self._depth + _SPARE_SLOTS or not free:
+            slot = _Slot(self._rt.create_event())
+            self._slots += 1
+        else:
+            slot = free.popleft()
+            self._drop_block(slot)  # its copy is still in flight: the allocator reuses the block after it
+        if slot.capacity < total:
+            self._drop_block(slot)
+            block = slot.block = self._rt._host_allocator.allocate(total)
+            slot.capacity = total
+            ops = self._ops
+            if ops is not None:
+                handle = self._stream._handle
+                slot.program = Program().copy(0, block._ptr, 0, H2D, handle).record(slot.event._handle, handle)
+        return slot
+
+    def _drop_block(self, slot: _Slot) -> None:
+        """Release a slot's staging block, stream-ordered after the copies enqueued from it."""
+        block = slot.block
+        if block is not None:
+            slot.block, slot.capacity, slot.program = None, 0, None
+            block.note_stream(self._stream)
+            block.release()
+
+    def _copy_and_record(self, slot: _Slot, address: int, total: int) -> None:
+        """The batch's copy from the slot's staging to ``address``, then the slot's event, on the copy stream:
+        one native call where the backend has one (and no trace or ``stream.capture()`` is open)."""
+        stream = self._stream
+        program = slot.program
+        with stream._lock:
+            if stream._closed:
+                stream._check_open()
+            if program is not None and stream._capture is None and stream._backend.native_ops is not None:
+                program.set(0, 0, address)
+                program.set(0, 2, total)
+                failed = self._ops.run(program)  # type: ignore[union-attr]
+                if failed is not None:
+                    raise failed[1]  # type: ignore[misc]
+                slot.event._recorded_on = stream._handle
+                return
+        stream._copy_raw(address, slot.block._ptr, total, H2D)  # type: ignore[union-attr]
+        stream._record_raw(slot.event)
