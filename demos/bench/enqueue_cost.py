@@ -24,7 +24,9 @@ Columns, interleaved per round (medians over rounds of per-call medians):
 
 Where the C pack was built, the same prepare with ``pack="native"`` adds
 ``raw ops native`` (one native host function instead of two), ``stream
-native``, ``fork native``, ``raw graph native`` and ``graph native``.
+native``, ``fork native``, ``raw graph native`` and ``graph native``; where
+the fork launch is compiled (a fork plan), ``raw fork native`` makes the
+plan's backend calls directly plus the tail record: the fork launch's floor.
 
 ``--profile`` also prints the functions that took the most time per call
 (cProfile) for each streamrt column in the idle mode.
@@ -174,6 +176,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             b.memcpy_async(meta_dev, scratch.ptr + 2048, min(meta_n, 2048), h2d, h)
             b.event_record(tail_ev, h)
 
+        def raw_steps(steps: Any) -> None:
+            for fn, fn_args in steps:
+                fn(*fn_args)
+            b.event_record(tail_ev, h)
+
         def raw_graph(exec_handle: Any) -> None:
             b.graph_launch(exec_handle, h)
             b.event_record(tail_ev, h)
@@ -193,6 +200,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             native_exec = native_graph._state.exec  # type: ignore[union-attr]
             preps.append(native)
             columns = COLUMNS + NATIVE_COLUMNS
+            native.launch(s, "fork", wait_for=None).wait()  # compiles the fork launch, where it can be
+            fork_plan = native._pipeline._plans.get((s, None, True))  # type: ignore[attr-defined]
+            if fork_plan is not None:  # its bound backend calls made directly, plus the tail record
+                calls["raw fork native"] = lambda: raw_steps(fork_plan.steps)
+                columns += ("raw fork native",)
             calls.update(
                 {
                     "raw ops native": lambda: raw_ops(1),

@@ -23,7 +23,6 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from .._stream import holding
 from .._streampool import StreamPool, pool_for
 from ._capture import launch_into_capture
 from ._deps import ForkPlan
@@ -134,56 +133,72 @@ class ForkLaunchPlan:
         """Enqueue the pipeline with the ``"fork"`` policy from the plan's stream; its :class:`Run`."""
         stream = self.stream
         pipeline = self.pipeline
+        with stream._lock, pipeline._lock:
+            if stream._closed:
+                stream._check_open()
+            held = 0
+            try:
+                for side in self.sides:  # held like the caller's: no close can come between the launch's parts
+                    side._lock.acquire()
+                    held += 1
+                    if side._closed:
+                        side._check_open()
+                return self._launch_locked()
+            finally:
+                for side in self.sides[:held]:
+                    side._lock.release()
+
+    def _launch_locked(self) -> Run:
+        """:meth:`launch` with the caller's, the pipeline's and the side streams' locks held."""
+        stream = self.stream
+        pipeline = self.pipeline
         rt = stream._runtime
         backend = self.backend
         handle = stream._handle
-        with stream._lock, pipeline._lock, holding(self.sides):
-            if stream._closed:
-                stream._check_open()
-            for b, _ in self.roots:
-                if b._released:
-                    raise ValueError(f"pipeline {pipeline._name!r} uses a released buffer ({b!r})")
-            for ev in self.events:
-                if ev._closed:
-                    ev._check_open()
-            chain = pipeline._chain
-            prev = chain.last
-            pending = prev is not None and not prev._done
-            native = self.run_program is not None and not pending  # waits for the previous run follow the check
-            if stream._capture is not None or not native and backend.stream_is_capturing(handle):
-                return launch_into_capture(pipeline, stream, *pipeline._validated())
-            if rt._multi_device:
-                backend.ensure_device(rt._device)
-            if pending:
-                serialize_after(prev, (stream,) if self.wait_for == "stream" else self.streams)  # type: ignore[arg-type]
-            if native:
-                failed = self.run_program(self.program)  # type: ignore[misc]
-                if failed is not None:
-                    index, error = failed
-                    if error is None:  # a capture another library began: nothing was enqueued
-                        return launch_into_capture(pipeline, stream, *pipeline._validated())
-                    if index:
-                        self._fail_partial(self.names[index - 1], error)
-                    raise error
+        for b, _ in self.roots:
+            if b._released:
+                raise ValueError(f"pipeline {pipeline._name!r} uses a released buffer ({b!r})")
+        for ev in self.events:
+            if ev._closed:
+                ev._check_open()
+        chain = pipeline._chain
+        prev = chain.last
+        pending = prev is not None and not prev._done
+        native = self.run_program is not None and not pending  # waits for the previous run follow the check
+        if stream._capture is not None or not native and backend.stream_is_capturing(handle):
+            return launch_into_capture(pipeline, stream, *pipeline._validated())
+        if rt._multi_device:
+            backend.ensure_device(rt._device)
+        if pending:
+            serialize_after(prev, (stream,) if self.wait_for == "stream" else self.streams)  # type: ignore[arg-type]
+        if native:
+            failed = self.run_program(self.program)  # type: ignore[misc]
+            if failed is not None:
+                index, error = failed
+                if error is None:  # a capture another library began: nothing was enqueued
+                    return launch_into_capture(pipeline, stream, *pipeline._validated())
+                if index:
+                    self._fail_partial(self.names[index - 1], error)
+                raise error
+        else:
+            i = 0
+            try:
+                for i, (fn, args) in enumerate(self.steps):
+                    fn(*args)  # type: ignore[misc]
+            except BaseException as exc:
+                self._fail_partial(self.names[i], exc)
+                raise
+        for ev, on in self.records:
+            ev._recorded_on = on
+        for b, users in self.roots:  # each root buffer's streams noted once (see Buffer.note_stream)
+            noted = b._streams
+            if noted is None:
+                b._streams = set(users)
             else:
-                i = 0
-                try:
-                    for i, (fn, args) in enumerate(self.steps):
-                        fn(*args)  # type: ignore[misc]
-                except BaseException as exc:
-                    self._fail_partial(self.names[i], exc)
-                    raise
-            for ev, on in self.records:
-                ev._recorded_on = on
-            for b, users in self.roots:  # each root buffer's streams noted once (see Buffer.note_stream)
-                noted = b._streams
-                if noted is None:
-                    b._streams = set(users)
-                else:
-                    noted.update(users)
-            run = Run(pipeline._name, "fork", self.streams, (), self.keep, rt._engine, self.tails)
-            chain.last = run
-            return run
+                noted.update(users)
+        run = Run(pipeline._name, "fork", self.streams, (), self.keep, rt._engine, self.tails)
+        chain.last = run
+        return run
 
     def _fail_partial(self, node: str, exc: BaseException) -> None:
         """What was enqueued before the failing call runs, on every stream (see ``Pipeline._fail_partial``)."""
