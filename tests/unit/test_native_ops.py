@@ -103,6 +103,22 @@ def test_a_program_makes_its_calls_in_order_with_their_arguments(hip: bool) -> N
 
 
 @built
+def test_set_changes_one_argument_of_one_call_between_runs() -> None:
+    """A program its owner patches (a Prefetcher's copy: a new destination and size per batch)."""
+    driver = FakeDriver(hip=False)
+    ops = ops_over(driver)
+    program = Program().copy(0, 0xA000, 0, 1, 0x50).record(0xE1, 0x50)
+    for dst, n in ((0xD000, 64), (0xD400, 128)):
+        program.set(0, 0, dst)
+        program.set(0, 2, n)
+        assert ops.run(program) is None
+    assert driver.log == [
+        ("copy", 0xD000, 0xA000, 64, 0x50), ("record", 0xE1, 0x50),
+        ("copy", 0xD400, 0xA000, 128, 0x50), ("record", 0xE1, 0x50),
+    ]
+
+
+@built
 def test_a_capturing_stream_stops_the_program_before_anything_is_enqueued() -> None:
     driver = FakeDriver(hip=False)
     driver.capturing = 1
