@@ -455,7 +455,7 @@ class Prefetcher(Iterator[Any]):
         with stream._lock:
             if stream._closed:
                 stream._check_open()
-            if program is not None and stream._capture is None and stream._backend.native_ops is not None:
+            if program is not None and stream._capture is None and getattr(stream._backend, "native_ops", None) is not None:
                 program.set(0, 0, address)
                 program.set(0, 2, total)
                 failed = self._ops.run(program)  # type: ignore[union-attr]
