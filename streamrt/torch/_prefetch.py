@@ -298,10 +298,10 @@ class Prefetcher(Iterator[Any]):
         )
 
     def close(self) -> None:
-        """Drop the batches still staged, give the staging blocks back and free the events, close an owned
-        copy stream. Idempotent.
+        """Drop the batches still staged, give the staging blocks back (stream-ordered after their
+        copies), free the events, close an owned copy stream. Idempotent.
 
-        The staging blocks are released stream-ordered after their copies. An owned copy stream is synchronized first (the copies still in flight are short), so
+        An owned copy stream is synchronized first (the copies still in flight are short), so
         no memory torch may hand out again is written after the stream is gone.
         """
         if self._closed:
@@ -420,7 +420,6 @@ class Prefetcher(Iterator[Any]):
         """The oldest free slot whose copy has landed, else a new one (up to ``depth + 2``, then the oldest
         with a new block), with at least ``total`` bytes of staging."""
         free = self._free
-        slot: _Slot | None = None
         if free and self._stream._backend.event_query(free[0].event._handle):
             slot = free.popleft()
         elif self._slots < self._depth + _SPARE_SLOTS or not free:
@@ -431,7 +430,11 @@ class Prefetcher(Iterator[Any]):
             self._drop_block(slot)  # its copy is still in flight: the allocator reuses the block after it
         if slot.capacity < total:
             self._drop_block(slot)
-            block = slot.block = self._rt._host_allocator.allocate(total)
+            try:
+                block = slot.block = self._rt._host_allocator.allocate(total)
+            except BaseException:
+                free.appendleft(slot)
+                raise
             slot.capacity = total
             ops = self._ops
             if ops is not None:
