@@ -15,7 +15,8 @@ Three situations cannot record an event at release, and the fence covers them:
   is then covered; what was captured runs only when the graph is launched,
   and the graph's memory is the capture pool's business);
 * a stream that was **closed** (destroyed) since the buffer used it: the
-  fence then waits for a whole-device synchronize run on the releaser thread;
+  fence then waits for a whole-device synchronize run on the releaser thread
+  (``streamrt.release_after_device``: after streamrt's captures in progress);
 * an ``event_record`` that **fails**: treated like a closed stream.
 
 Thread rules: a fence is built by the releasing thread and then only touched
@@ -26,7 +27,7 @@ allocator's tables (``wait``).
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import streamrt as srt
 
@@ -34,14 +35,6 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
 __all__ = ["Fence"]
-
-
-def _device_sync(backend: Any, done: threading.Event) -> None:
-    """On the releaser thread: wait for the whole device, then mark the fence passed."""
-    try:
-        backend.device_synchronize()
-    finally:
-        done.set()
 
 
 class Fence:
@@ -91,7 +84,7 @@ class Fence:
         if self._device_sync is None:
             done = threading.Event()
             self._device_sync = done
-            runtime.releaser.submit(_device_sync, runtime.backend, done)
+            srt.release_after_device(runtime, done.set)  # after streamrt's captures in progress
 
     @property
     def is_empty(self) -> bool:

@@ -5,7 +5,7 @@ The public API is this flat namespace; the modules behind it are private.
 
 from __future__ import annotations
 
-from ._allocator import Allocator, AllocatorStatistics, RawAllocator, release_after_streams
+from ._allocator import Allocator, AllocatorStatistics, RawAllocator, release_after_device, release_after_streams
 from ._backends.protocol import Capabilities, CaptureMode, MemcpyKind
 from ._buffer import Buffer, Deallocate
 from ._completion import Completion
@@ -75,6 +75,7 @@ __all__ = [
     "load_kernel",
     "open_runtime",
     "register_kernel_spec",
+    "release_after_device",
     "release_after_streams",
     "trace_label",
 ]

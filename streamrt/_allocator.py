@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ._runtime import Runtime
     from ._stream import Stream
 
-__all__ = ["Allocator", "AllocatorStatistics", "RawAllocator", "after_device_sync", "release_after_streams"]
+__all__ = ["Allocator", "AllocatorStatistics", "RawAllocator", "after_device_sync", "release_after_device", "release_after_streams"]
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def release_after_streams(runtime: Runtime, streams: AbstractSet[Stream], then: 
     """
     live = [s for s in streams if not s.is_closed]
     if len(live) != len(streams):
-        runtime.releaser.submit(after_device_sync, runtime, then)
+        release_after_device(runtime, then)
         return
     if not live:
         then()
@@ -90,18 +90,27 @@ def release_after_streams(runtime: Runtime, streams: AbstractSet[Stream], then: 
         engine.completion_for_stream(s.handle).add_done_callback(one_done)
 
 
-def after_device_sync(runtime: Runtime, then: Callable[[], None]) -> None:
-    """On the releaser thread: wait for the whole device (unless the runtime closed), then call ``then()``.
+def release_after_device(runtime: Runtime, then: Callable[[], None]) -> None:
+    """Call ``then`` on the releaser thread once all work on the device has completed (the allocator seam's helper).
 
-    The wait starts once no capture streamrt began on the runtime is in progress (it would invalidate it).
+    Non-blocking: the releaser synchronizes the whole device, once no graph capture streamrt began on
+    the runtime is in progress (a device-wide wait would invalidate it; captures begun meanwhile wait
+    for it), then calls ``then`` (also when the wait failed, or the runtime has closed).
     """
-    if not runtime.is_closed:
-        backend = runtime.backend
-        if runtime._multi_device:  # normally the releaser thread; inline once the releaser has closed
-            backend.ensure_device(runtime.device)
-        runtime._captures.wait_none()  # a device-wide wait would invalidate a capture in progress
-        backend.device_synchronize()
-    then()
+    runtime.releaser.submit(after_device_sync, runtime, then)
+
+
+def after_device_sync(runtime: Runtime, then: Callable[[], None]) -> None:
+    """:func:`release_after_device`'s job, on the releaser thread: wait for the whole device (unless the
+    runtime closed), then call ``then()``."""
+    try:
+        if not runtime.is_closed:
+            backend = runtime.backend
+            if runtime._multi_device:  # normally the releaser thread; inline once the releaser has closed
+                backend.ensure_device(runtime.device)
+            runtime._captures.device_wide(backend.device_synchronize)
+    finally:
+        then()
 
 
 def _on_device(

@@ -85,21 +85,26 @@ class Captures:
     """The graph captures streamrt has in progress on one runtime's device.
 
     A device-wide wait (``device_synchronize``) while a stream of the device
-    is capturing invalidates that capture, so the releaser's whole-device
-    waits (:func:`~streamrt._allocator.after_device_sync`) first wait for
-    streamrt's own captures to end: :meth:`begun` / :meth:`ended` around each,
-    :meth:`wait_none` before the wait. Any thread.
+    is capturing invalidates that capture, so the two exclude each other:
+    :meth:`device_wide` waits for streamrt's captures to end (:meth:`begun` /
+    :meth:`ended` around each) and a capture begun during a device-wide wait
+    waits for it to end. Each waits at most :attr:`PATIENCE_S` (a capture left
+    open, a device-wide wait held up by work that needs the capturing thread),
+    then goes ahead. Any thread.
     """
 
-    #: How long a device-wide wait waits for captures to end before it goes ahead (a capture left open).
+    #: How long a device-wide wait and a capture wait for each other before they go ahead.
     PATIENCE_S = 30.0
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._open = 0
+        self._syncing = 0
 
     def begun(self) -> None:
         with self._cond:
+            if self._syncing:
+                self._cond.wait_for(lambda: not self._syncing, self.PATIENCE_S)
             self._open += 1
 
     def ended(self) -> None:
@@ -108,7 +113,15 @@ class Captures:
             if not self._open:
                 self._cond.notify_all()
 
-    def wait_none(self) -> bool:
-        """Block until no capture is in progress (at most :attr:`PATIENCE_S`); ``False`` if one still is."""
+    def device_wide(self, wait: Callable[[], None]) -> None:
+        """Call ``wait`` (a device-wide wait) once no capture is in progress; captures begun meanwhile start after it."""
         with self._cond:
-            return self._cond.wait_for(lambda: not self._open, self.PATIENCE_S)
+            self._cond.wait_for(lambda: not self._open, self.PATIENCE_S)
+            self._syncing += 1
+        try:
+            wait()
+        finally:
+            with self._cond:
+                self._syncing -= 1
+                if not self._syncing:
+                    self._cond.notify_all()

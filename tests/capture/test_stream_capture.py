@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import threading
+import time
 import weakref
 
 import numpy as np
@@ -188,9 +190,6 @@ def test_close_inside_the_block_drops_the_graph_at_its_end(rt: srt.Runtime) -> N
 
 def test_the_releasers_device_wide_wait_waits_for_a_capture_in_progress(rt: srt.Runtime) -> None:
     """A release after a closed stream waits for the whole device; begun mid-capture, it would invalidate it."""
-    import threading
-    import time
-
     s, gone = rt.create_stream(), rt.create_stream()
     gone.close()
     buf = rt.device_allocator.allocate(64, stream=s)
@@ -206,3 +205,52 @@ def test_the_releasers_device_wide_wait_waits_for_a_capture_in_progress(rt: srt.
     graph.launch(s).result(10)
     assert (host.numpy() == 1).all()
     graph.close()
+
+
+def test_a_block_released_after_a_closed_stream_mid_capture_leaves_the_capture_valid(rt: srt.Runtime) -> None:
+    """The caching allocator's fence for a closed stream is a whole-device wait: it waits for the capture too."""
+    s, other = rt.create_stream(), rt.create_stream()
+    buf = rt.device_allocator.allocate(64, stream=s)
+    used = rt.device_allocator.allocate(4096)  # no home stream: its release records a fence on each noted stream
+    other.memset(used, 0)
+    other.synchronize()
+    other.close()
+    host = rt.host_allocator.allocate(64)
+    with s.capture() as graph:
+        s.memset(buf, 2)
+        used.release()  # noted on a closed stream: a device-wide fence, on the releaser thread
+        time.sleep(0.05)  # time for the releaser to reach its wait
+        s.copy(dst=host, src=buf)
+    graph.launch(s).result(10)
+    assert (host.numpy() == 2).all()
+    graph.close()
+
+
+def test_captures_and_device_wide_waits_exclude_each_other() -> None:
+    """A device-wide wait waits for the captures in progress; a capture begun during one waits for it."""
+    from streamrt._releaser import Captures
+
+    captures = Captures()
+    syncing, finish, begun = threading.Event(), threading.Event(), threading.Event()
+
+    def wait() -> None:
+        syncing.set()
+        finish.wait(10)
+
+    sync = threading.Thread(target=captures.device_wide, args=(wait,))
+    sync.start()
+    assert syncing.wait(10)
+    capture = threading.Thread(target=lambda: (captures.begun(), begun.set()))
+    capture.start()
+    assert not begun.wait(0.1)  # held back by the device-wide wait
+    finish.set()
+    assert begun.wait(10)
+    sync.join(10)
+    capture.join(10)
+    waited = threading.Event()
+    sync = threading.Thread(target=captures.device_wide, args=(waited.set,))
+    sync.start()
+    assert not waited.wait(0.1)  # the capture is still open
+    captures.ended()
+    assert waited.wait(10)
+    sync.join(10)
