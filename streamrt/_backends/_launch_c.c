@@ -1,6 +1,6 @@
 /* _launch_c.c: a launch's driver calls made in one call from Python (streamrt._backends._native_ops).
  *
- * An Executor holds the addresses of seven CUDA driver (or HIP runtime) entry points. run() executes a
+ * An Executor holds the addresses of eight CUDA driver (or HIP runtime) entry points. run() executes a
  * program -- a buffer of 6-word records, each one backend call with its arguments -- with the GIL
  * released once for the whole program; replay() checks that a stream is not capturing and launches an
  * executable graph on it; record() records an event. A failing call stops the program: run() and
@@ -20,12 +20,15 @@
  *   OP_RECORD event, stream
  *   OP_WAIT   stream, event
  *   OP_GRAPH  graph_exec, stream
+ *   OP_KERNEL function, grid, block, stream, kernel_params
+ *             grid: x | y << 32 | z << 48; block: x | y << 11 | z << 22 | shared_mem << 33
+ *             (cuLaunchKernel / hipModuleLaunchKernel with kernelParams and no extra)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 
-enum { OP_CHECK, OP_MEMSET, OP_COPY, OP_HOST, OP_RECORD, OP_WAIT, OP_GRAPH, N_OPS };
+enum { OP_CHECK, OP_MEMSET, OP_COPY, OP_HOST, OP_RECORD, OP_WAIT, OP_GRAPH, OP_KERNEL, N_OPS };
 #define WORDS 6
 
 typedef int (*is_capturing_fn)(void *stream, int *status);
@@ -37,10 +40,12 @@ typedef int (*host_fn)(void *stream, void (*fn)(void *), void *data);
 typedef int (*record_fn)(void *event, void *stream);
 typedef int (*wait_fn)(void *stream, void *event, unsigned int flags);
 typedef int (*graph_fn)(void *exec, void *stream);
+typedef int (*kernel_fn)(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shmem,
+                         void *stream, void **params, void **extra);
 
 typedef struct {
     PyObject_HEAD
-    void *fns[N_OPS]; /* is_capturing, memset, copy, host, record, wait, graph_launch */
+    void *fns[N_OPS]; /* is_capturing, memset, copy, host, record, wait, graph_launch, kernel launch */
     int hip;
     int context_error;
     PyObject *make_error;   /* (code, call) -> exception */
@@ -48,9 +53,9 @@ typedef struct {
 } Executor;
 
 static const char *CUDA_NAMES[N_OPS] = {"cuStreamIsCapturing", "cuMemsetD8Async", "cuMemcpyAsync", "cuLaunchHostFunc",
-                                        "cuEventRecord", "cuStreamWaitEvent", "cuGraphLaunch"};
+                                        "cuEventRecord", "cuStreamWaitEvent", "cuGraphLaunch", "cuLaunchKernel"};
 static const char *HIP_NAMES[N_OPS] = {"hipStreamIsCapturing", "hipMemsetAsync", "hipMemcpyAsync", "hipLaunchHostFunc",
-                                       "hipEventRecord", "hipStreamWaitEvent", "hipGraphLaunch"};
+                                       "hipEventRecord", "hipStreamWaitEvent", "hipGraphLaunch", "hipModuleLaunchKernel"};
 
 /* One call; *capturing is set by OP_CHECK. No GIL needed. */
 static int call(Executor *ex, const uint64_t *w, int *capturing) {
@@ -78,6 +83,13 @@ static int call(Executor *ex, const uint64_t *w, int *capturing) {
         return ((wait_fn)f[OP_WAIT])((void *)(uintptr_t)w[1], (void *)(uintptr_t)w[2], 0);
     case OP_GRAPH:
         return ((graph_fn)f[OP_GRAPH])((void *)(uintptr_t)w[1], (void *)(uintptr_t)w[2]);
+    case OP_KERNEL: {
+        uint64_t g = w[2], b = w[3];
+        return ((kernel_fn)f[OP_KERNEL])((void *)(uintptr_t)w[1], (unsigned)(g & 0xFFFFFFFFu), (unsigned)((g >> 32) & 0xFFFF),
+                                         (unsigned)(g >> 48), (unsigned)(b & 0x7FF), (unsigned)((b >> 11) & 0x7FF),
+                                         (unsigned)((b >> 22) & 0x7FF), (unsigned)(b >> 33), (void *)(uintptr_t)w[4],
+                                         (void **)(uintptr_t)w[5], NULL);
+    }
     }
     return -1; /* validated when the program was read */
 }
@@ -262,7 +274,7 @@ PyMODINIT_FUNC PyInit__launch_c(void) {
         Py_DECREF(m);
         return NULL;
     }
-    const char *ops[N_OPS] = {"OP_CHECK", "OP_MEMSET", "OP_COPY", "OP_HOST", "OP_RECORD", "OP_WAIT", "OP_GRAPH"};
+    const char *ops[N_OPS] = {"OP_CHECK", "OP_MEMSET", "OP_COPY", "OP_HOST", "OP_RECORD", "OP_WAIT", "OP_GRAPH", "OP_KERNEL"};
     for (int i = 0; i < N_OPS; i++) {
         if (PyModule_AddIntConstant(m, ops[i], i) < 0) {
             Py_DECREF(m);

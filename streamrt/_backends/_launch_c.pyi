@@ -8,6 +8,7 @@ OP_HOST: int
 OP_RECORD: int
 OP_WAIT: int
 OP_GRAPH: int
+OP_KERNEL: int
 WORDS: int
 
 class Executor:

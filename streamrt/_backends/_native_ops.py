@@ -42,9 +42,15 @@ try:
 except ImportError:
     pass
 
-#: The entry points, in the executor's order (CUDA driver names; HIP's are ``hip`` + the same tail).
-CUDA_ENTRY_POINTS = ("cuStreamIsCapturing", "cuMemsetD8Async", "cuMemcpyAsync", "cuLaunchHostFunc", "cuEventRecord", "cuStreamWaitEvent", "cuGraphLaunch")
-HIP_ENTRY_POINTS = ("hipStreamIsCapturing", "hipMemsetAsync", "hipMemcpyAsync", "hipLaunchHostFunc", "hipEventRecord", "hipStreamWaitEvent", "hipGraphLaunch")
+#: The entry points, in the executor's order: the CUDA driver's and HIP's.
+CUDA_ENTRY_POINTS = (
+    "cuStreamIsCapturing", "cuMemsetD8Async", "cuMemcpyAsync", "cuLaunchHostFunc", "cuEventRecord", "cuStreamWaitEvent",
+    "cuGraphLaunch", "cuLaunchKernel",
+)
+HIP_ENTRY_POINTS = (
+    "hipStreamIsCapturing", "hipMemsetAsync", "hipMemcpyAsync", "hipLaunchHostFunc", "hipEventRecord", "hipStreamWaitEvent",
+    "hipGraphLaunch", "hipModuleLaunchKernel",
+)
 
 class Program:
     """Backend calls to run in one go: append them in order, then hand the program to :meth:`NativeOps.run`."""
@@ -76,6 +82,17 @@ class Program:
 
     def wait(self, stream: int, event: int) -> Program:
         return self._add(_c.OP_WAIT, stream, event)
+
+    def kernel(
+        self, function: int, grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int, stream: int, arg_ptrs: int
+    ) -> Program:
+        """A kernel launch (``arg_ptrs``: the address of a ``void*[]`` of argument addresses, kept alive by the
+        caller). ``ValueError`` where a dimension does not fit the record (grid y, z < 65536; block < 2048 each)."""
+        (gx, gy, gz), (bx, by, bz) = grid, block
+        if not (0 <= gx < 1 << 32 and 0 <= gy < 1 << 16 and 0 <= gz < 1 << 16 and all(0 <= d < 1 << 11 for d in block)
+                and 0 <= shared_mem < 1 << 31):
+            raise ValueError(f"launch dimensions {grid} x {block}, {shared_mem} bytes shared, do not fit a program record")
+        return self._add(_c.OP_KERNEL, function, gx | gy << 32 | gz << 48, bx | by << 11 | bz << 22 | shared_mem << 33, stream, arg_ptrs)
 
     def set(self, call: int, arg: int, value: int) -> None:
         """Change argument ``arg`` of call ``call`` (both counted from 0), for a program only its owner runs."""
@@ -114,7 +131,8 @@ class NativeOps:
 
         ``steps`` are ``(fn, args)`` with ``fn`` a method of the backend that
         made these ops -- ``memset_async``, ``memcpy_async``,
-        ``launch_host_func``, ``event_record``, ``stream_wait_event`` -- and
+        ``launch_host_func``, ``event_record``, ``stream_wait_event``,
+        ``launch_kernel`` -- and
         their arguments: the program's call ``i + 1`` is step ``i``.
         """
         backend = self._backend
@@ -127,12 +145,16 @@ class NativeOps:
             backend.launch_host_func: program.host,
             backend.event_record: program.record,
             backend.stream_wait_event: program.wait,
+            backend.launch_kernel: program.kernel,
         }
         for fn, args in steps:
             append = add.get(fn) if fn is not None else None
             if append is None:
                 return None
-            append(*args)
+            try:
+                append(*args)
+            except ValueError:  # a launch whose dimensions do not fit a record: the caller makes the calls itself
+                return None
         return program
 
     def run(self, program: Program) -> tuple[int, BaseException | None] | None:

@@ -12,7 +12,7 @@ until the pipeline changes. It holds:
   kernel arguments);
 * ``events``: the events of record and wait nodes;
 * ``program``: where the backend has native ops (``backend.native_ops``) and
-  every step is a memset, copy, native host function, record or wait, the
+  every step is a memset, copy, kernel launch, native host function, record or wait, the
   capture check and the steps compiled into one native call
   (:meth:`~streamrt._backends._native_ops.NativeOps.compile`), which the
   launch makes instead of the steps' Python calls.

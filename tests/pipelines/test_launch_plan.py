@@ -6,6 +6,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from pipeline_helpers import pinned
 
@@ -130,6 +131,27 @@ def test_a_plan_of_driver_calls_is_one_native_program_where_the_backend_has_one(
     q.host(lambda: None)
     q.launch(s).result(10)
     assert q._plans[s].program is None  # a Python host node: the Python path
+
+
+def test_a_kernel_node_is_part_of_the_native_program(rt: srt.Runtime) -> None:
+    """memset -> kernel -> D2H: one native program on cuda and hip (the launch's calls, the kernel's too)."""
+    from streamrt._kernel._reference import fill_words
+
+    n = 1000
+    s = rt.create_stream()
+    d = rt.device_allocator.allocate(4 * n, stream=s)
+    h = pinned(rt, 4 * n)
+    p = srt.Pipeline("with-kernel")
+    p.memset(d, 0)
+    p.kernel(rt.kernels.get("fill_u32"), 4, 256, [d, n, 9, 3])
+    p.copy(dst=h, src=d)
+    for _ in range(3):
+        h.numpy()[:] = 0
+        p.launch(s).result(10)
+        assert (h.numpy(np.uint32) == fill_words(n, 9, 3)).all()
+    plan = p._plans[s]
+    assert (plan.program is not None) == (rt.backend.native_ops is not None)
+    assert plan.program is None or len(plan.program) == 4  # the capture check, memset, kernel, copy
 
 
 def test_plans_and_replays_run_from_a_thread_that_never_used_the_device(rt: srt.Runtime) -> None:

@@ -25,7 +25,7 @@ CONTEXT_ERROR = 201
 
 
 class FakeDriver:
-    """Seven entry points that log ``(name, *args)``; ``codes[name]`` lists the results of successive calls."""
+    """Eight entry points that log ``(name, *args)``; ``codes[name]`` lists the results of successive calls."""
 
     def __init__(self, *, hip: bool) -> None:
         self.log: list[tuple[Any, ...]] = []
@@ -56,6 +56,8 @@ class FakeDriver:
             entry("record", (_p, _p), lambda e, s: (as_int(e), as_int(s))),
             entry("wait", (_p, _p, _u), lambda s, e, f: (as_int(s), as_int(e), f)),
             entry("graph", (_p, _p), lambda g, s: (as_int(g), as_int(s))),
+            entry("kernel", (_p, _u, _u, _u, _u, _u, _u, _u, _p, _p, _p),
+                  lambda f, gx, gy, gz, bx, by, bz, sm, s, a, e: (as_int(f), (gx, gy, gz), (bx, by, bz), sm, as_int(s), as_int(a), e)),
         ]
 
     def addresses(self) -> list[int]:
@@ -100,6 +102,16 @@ def test_a_program_makes_its_calls_in_order_with_their_arguments(hip: bool) -> N
         ("wait", 0x51, 0xE1, 0),
     ]
     assert len(a_program()) == 6
+
+
+@built
+@pytest.mark.parametrize("hip", [False, True])
+def test_a_kernel_launch_passes_its_dimensions_shared_memory_and_arguments(hip: bool) -> None:
+    driver = FakeDriver(hip=hip)
+    program = Program().kernel(0xF00, ((1 << 31) + 5, 65535, 3), (1024, 2, 64), 49152, 0x50, 0xA000)
+    assert ops_over(driver, hip=hip).run(program) is None
+    assert driver.log == [("kernel", 0xF00, ((1 << 31) + 5, 65535, 3), (1024, 2, 64), 49152, 0x50, 0xA000, None)]
+    assert ops_over(driver, hip=hip)._executor.call_name(_native_ops._c.OP_KERNEL) == ("hipModuleLaunchKernel" if hip else "cuLaunchKernel")
 
 
 @built
@@ -214,6 +226,7 @@ def test_compile_translates_the_backends_own_calls_and_nothing_else() -> None:
         def launch_host_func(self, *a: Any) -> None: ...
         def event_record(self, *a: Any) -> None: ...
         def stream_wait_event(self, *a: Any) -> None: ...
+        def launch_kernel(self, *a: Any) -> None: ...
 
     backend = Backend()
     ops = ops_over(driver, backend=backend)
@@ -227,6 +240,8 @@ def test_compile_translates_the_backends_own_calls_and_nothing_else() -> None:
     program = ops.compile(0x50, steps)
     assert program is not None and program._words == a_program()._words
     assert ops.compile(0x50, [*steps, (print, ())]) is None  # another call: the Python path serves it
+    big = (backend.launch_kernel, (0xF, (1, 1 << 16, 1), (32, 1, 1), 0, 0x50, 0xA))
+    assert ops.compile(0x50, [*steps, big]) is None  # a launch a record cannot hold
     assert ops.compile(0x50, [(None, (print, ()))]) is None  # a Python host node
     assert ops.compile(0x50, [(Backend().memset_async, (0xD000, 7, 64, 0x50))]) is None  # another backend's
 
@@ -239,10 +254,12 @@ def test_bad_programs_and_arguments_are_refused() -> None:
         ops._run(b"\0" * 8)
     with pytest.raises(ValueError, match="unknown op"):
         ops._run(bytes(48 * [0xFF]))
-    with pytest.raises(ValueError, match="7 entry points"):
+    with pytest.raises(ValueError, match="8 entry points"):
         NativeOps([1, 2], hip=False, make_error=make_error)
     with pytest.raises(ValueError, match="NULL"):
-        NativeOps([0] * 7, hip=False, make_error=make_error)
+        NativeOps([0] * 8, hip=False, make_error=make_error)
+    with pytest.raises(ValueError, match="do not fit"):
+        Program().kernel(0xF, (1, 1 << 16, 1), (32, 1, 1), 0, 0x50, 0xA)
     assert driver.log == []
 
 
