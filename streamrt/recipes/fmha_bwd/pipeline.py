@@ -74,6 +74,7 @@ __all__ = ["PACKS", "STRATEGIES", "WorkspacePrepare", "prepare_workspace", "prep
 
 STRATEGIES = ("stream", "fork", "graph", "sync", "device", "device_graph")  # the last two: .device
 PACKS = ("python", "native")
+_MAX_ASIDES = 4  # caller streams whose side stream a prepare keeps (see WorkspacePrepare._launch_aside)
 
 
 def _align(n: int, a: int) -> int:
@@ -123,6 +124,7 @@ class WorkspacePrepare(PreparePlan):
         q, k, ws = prepare_buffers(rt, params, seqstart_q, seqstart_k, workspace)
         prezero = library_for(rt).get("fmha_bwd_dq_acc_prezero") if params.deterministic else None
         self._rt = rt
+        self._asides: dict[Stream, tuple[Stream, Event, int]] = {}  # caller's stream -> (side stream, entry event, priority)
         region = params.metadata_region_bytes
         seq_bytes = q.nbytes
         seq_slot = _align(seq_bytes, 64)
@@ -187,29 +189,44 @@ class WorkspacePrepare(PreparePlan):
     def _launch_aside(self, stream: Stream, *, wait_for: str | Event | None = "stream", join: bool = True) -> Run:
         """``"fork"`` of the deterministic prepare. Its pipeline is one chain, which ``Pipeline.launch``
         under ``"fork"`` would keep on the caller's stream (the first branch stays there); so the
-        chain runs on one pooled side stream, ordered as ``"fork"`` orders a side branch: after
+        chain runs on a pooled side stream, ordered as ``"fork"`` orders a side branch: after
         ``stream`` (``wait_for="stream"``), after an event, or at once (``None``); ``join`` makes
-        ``stream`` wait for it."""
+        ``stream`` wait for it. The side stream and the entry event are kept per caller's stream
+        (the last few) until :meth:`close`, so the chain's launch plan stays compiled."""
         if not (wait_for is None or wait_for == "stream" or isinstance(wait_for, Event)):
             raise TypeError("wait_for must be 'stream', an Event or None")
+        aside = self._asides.get(stream)
+        if aside is None:
+            aside = self._new_aside(stream)
+        side, entry, _ = aside
+        if wait_for == "stream":
+            stream.record(entry)  # a wait binds to the record it saw when enqueued: re-recording is safe
+            side.wait(entry)
+        elif isinstance(wait_for, Event):
+            side.wait(wait_for)
+        run = self._pipeline.launch(side)
+        if join:
+            run.join(stream)
+        return run
+
+    def _new_aside(self, stream: Stream) -> tuple[Stream, Event, int]:
+        """A side stream and an entry event for launches from ``stream``, from the runtime's pool."""
+        stream._check_open()
+        if stream.runtime is not self._rt:
+            raise ValueError("the stream belongs to another runtime than the prepare")
+        asides = self._asides
+        if len(asides) >= _MAX_ASIDES:
+            self._give_back(asides.pop(next(iter(asides))))  # the oldest
         pool = pool_for(self._rt)
         (side,) = pool.acquire_streams(1, stream.priority)
-        entry: Event | None = None
-        try:
-            if wait_for == "stream":
-                entry = pool.acquire_event()
-                stream.record(entry)
-                side.wait(entry)
-            elif isinstance(wait_for, Event):
-                side.wait(wait_for)
-            run = self._pipeline.launch(side)
-            if join:
-                run.join(stream)
-        finally:
-            if entry is not None:
-                pool.release_event(entry)
-            pool.release_streams([side], stream.priority)
-        return run
+        aside = asides[stream] = (side, pool.acquire_event(), stream.priority)
+        return aside
+
+    def _give_back(self, aside: tuple[Stream, Event, int]) -> None:
+        side, entry, priority = aside
+        pool = pool_for(self._rt)
+        pool.release_event(entry)
+        pool.release_streams([side], priority)
 
     def result(self, stream: Stream) -> PrepareResult:
         """Blocking: wait for ``stream`` (the prepare's), then decode the result record of the latest prepare."""
@@ -251,8 +268,12 @@ class WorkspacePrepare(PreparePlan):
         return result
 
     def _release(self) -> None:
-        """Release the staging (its reuse waits for the streams that used it)."""
+        """Release the staging (its reuse waits for the streams that used it); give the side streams back."""
         self._staging.release()
+        if not self._rt.is_closed:
+            for aside in self._asides.values():
+                self._give_back(aside)
+        self._asides.clear()
 
 
 def prepare_workspace(
