@@ -143,6 +143,29 @@ def test_fork_runs_the_round_trip_off_the_callers_stream(rt: srt.Runtime, determ
     env.check(q, k)
 
 
+def test_the_deterministic_fork_keeps_its_side_stream_per_callers_stream_until_close(rt: srt.Runtime) -> None:
+    """Launches from one stream reuse one side stream (its launch plan stays compiled); close gives it back."""
+    params = dataclasses.replace(PARAMS, deterministic=True)
+    env = Setup(rt, params)
+    q, k = env.set_seqlens(np.array([5, 0, 200, 33, 1, 64]), np.array([40, 7, 0, 200, 1, 64]))
+    other = rt.create_stream()
+    with WorkspacePrepare(rt, params, env.q, env.k, env.ws) as prep:
+        runs = [prep.launch(s, "fork") for s in (env.s, env.s, other, env.s)]
+        for run in runs:
+            run.result(10)
+        sides = [run.streams for run in runs]
+        assert sides[0] == sides[1] == sides[3] != sides[2]
+        assert env.s not in sides[0] and other not in sides[2]
+        assert len(prep.pipeline._plans) == 2  # one plan per side stream
+    again = WorkspacePrepare(rt, params, env.q, env.k, env.ws)
+    run = again.launch(env.s, "fork")
+    assert run.streams in (sides[0], sides[2])  # the pool had them back
+    run.result(10)
+    again.close()
+    other.close()
+    env.check(q, k)
+
+
 @pytest.mark.parametrize("strategy", ["stream", "fork", "graph"])
 def test_replays_with_changed_seqlens_give_the_new_image_and_zeroing(rt: srt.Runtime, strategy: str, pack: str) -> None:
     env = Setup(rt)
