@@ -135,7 +135,10 @@ def test_fork_runs_the_round_trip_off_the_callers_stream(rt: srt.Runtime, determ
         try:
             run = prep.launch(env.s, "fork", wait_for=wait_for, join=False)
             assert (env.s in run.streams) != deterministic
-            assert not run.is_done
+            if not (deterministic and wait_for is None):
+                assert not run.is_done  # ordered after the held stream (wait_for), or partly on it (the memset)
+            # else nothing orders it after the held stream: whether it can finish meanwhile depends on the
+            # driver's host-callback threads (CUDA and the simulator run host functions one at a time)
         finally:
             gate.open()
         run.join(env.s)
