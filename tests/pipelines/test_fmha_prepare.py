@@ -131,6 +131,7 @@ def test_fork_runs_the_round_trip_off_the_callers_stream(rt: srt.Runtime, determ
     q, k = env.set_seqlens(np.array([5, 0, 200, 33, 1, 64]), np.array([40, 7, 0, 200, 1, 64]))
     gate = Gate()
     with WorkspacePrepare(rt, params, env.q, env.k, env.ws) as prep:
+        prep.launch(env.s, "fork", wait_for=wait_for).result(10)  # warm: a first kernel launch may wait for the device (HIP-on-CUDA)
         env.s.launch_host_func(gate)  # holds the caller's stream
         try:
             run = prep.launch(env.s, "fork", wait_for=wait_for, join=False)
