@@ -48,6 +48,7 @@ raised directly by ``"sync"``); a native function cannot raise, so with ``pack="
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -125,6 +126,7 @@ class WorkspacePrepare(PreparePlan):
         prezero = library_for(rt).get("fmha_bwd_dq_acc_prezero") if params.deterministic else None
         self._rt = rt
         self._asides: dict[Stream, tuple[Stream, Event, int]] = {}  # caller's stream -> (side stream, entry event, priority)
+        self._aside_lock = threading.Lock()
         region = params.metadata_region_bytes
         seq_bytes = q.nbytes
         seq_slot = _align(seq_bytes, 64)
@@ -195,19 +197,20 @@ class WorkspacePrepare(PreparePlan):
         (the last few) until :meth:`close`, so the chain's launch plan stays compiled."""
         if not (wait_for is None or wait_for == "stream" or isinstance(wait_for, Event)):
             raise TypeError("wait_for must be 'stream', an Event or None")
-        aside = self._asides.get(stream)
-        if aside is None:
-            aside = self._new_aside(stream)
-        side, entry, _ = aside
-        if wait_for == "stream":
-            stream.record(entry)  # a wait binds to the record it saw when enqueued: re-recording is safe
-            side.wait(entry)
-        elif isinstance(wait_for, Event):
-            side.wait(wait_for)
-        run = self._pipeline.launch(side)
-        if join:
-            run.join(stream)
-        return run
+        with self._aside_lock:  # no other launch gives this side stream and event back meanwhile
+            aside = self._asides.get(stream)
+            if aside is None:
+                aside = self._new_aside(stream)
+            side, entry, _ = aside
+            if wait_for == "stream":
+                stream.record(entry)  # a wait binds to the record it saw when enqueued: re-recording is safe
+                side.wait(entry)
+            elif isinstance(wait_for, Event):
+                side.wait(wait_for)
+            run = self._pipeline.launch(side)
+            if join:
+                run.join(stream)
+            return run
 
     def _new_aside(self, stream: Stream) -> tuple[Stream, Event, int]:
         """A side stream and an entry event for launches from ``stream``, from the runtime's pool."""
@@ -270,10 +273,11 @@ class WorkspacePrepare(PreparePlan):
     def _release(self) -> None:
         """Release the staging (its reuse waits for the streams that used it); give the side streams back."""
         self._staging.release()
-        if not self._rt.is_closed:
-            for aside in self._asides.values():
-                self._give_back(aside)
-        self._asides.clear()
+        with self._aside_lock:
+            if not self._rt.is_closed:
+                for aside in self._asides.values():
+                    self._give_back(aside)
+            self._asides.clear()
 
 
 def prepare_workspace(
