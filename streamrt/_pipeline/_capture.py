@@ -121,12 +121,13 @@ class StreamCapture:
             if stream._capture is not None or backend.stream_is_capturing(stream._handle):
                 raise CaptureError(f"{stream.name} is already capturing; end that capture first")
             self._pools = _enter_pools(rt, stream)
+            rt._captures.begun()  # before the capture begins (a device-wide wait in progress ends first); __exit__ ends it
             try:
                 backend.stream_begin_capture(stream._handle, self._mode)
             except BaseException:
+                rt._captures.ended()
                 _leave_pools(self._pools, close=True)
                 raise
-            rt._captures.begun()  # the releaser's device-wide waits wait for __exit__
             graph = Graph(self._name, rt, [], [], False, self._mode, None, RunChain(), from_stream=True)
             self._session = stream._capture = CaptureSession(graph)
         return graph

@@ -182,10 +182,10 @@ def _capture_exec(
     held = contextlib.ExitStack()
     try:
         held.enter_context(holding([stream, *sides]))  # no other thread's work slips into the capture
+        rt._captures.begun()  # before the capture begins: a device-wide wait in progress ends first
+        held.callback(rt._captures.ended)  # the releaser's device-wide waits wait until then
         backend.stream_begin_capture(h, mode)
         capturing = True
-        rt._captures.begun()
-        held.callback(rt._captures.ended)  # the releaser's device-wide waits wait until then
         try:
             record_into(name, nodes, order, stream, slots, plan, sides)
         except BaseException:
