@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ._runtime import Runtime
     from ._stream import Stream
 
-__all__ = ["Allocator", "AllocatorStatistics", "RawAllocator", "after_device_sync", "release_after_device", "release_after_streams"]
+__all__ = ["Allocator", "AllocatorStatistics", "RawAllocator", "release_after_device", "release_after_streams"]
 
 
 @dataclass(frozen=True)
@@ -97,10 +97,10 @@ def release_after_device(runtime: Runtime, then: Callable[[], None]) -> None:
     the runtime is in progress (a device-wide wait would invalidate it; captures begun meanwhile wait
     for it), then calls ``then`` (also when the wait failed, or the runtime has closed).
     """
-    runtime.releaser.submit(after_device_sync, runtime, then)
+    runtime.releaser.submit(_after_device_sync, runtime, then)
 
 
-def after_device_sync(runtime: Runtime, then: Callable[[], None]) -> None:
+def _after_device_sync(runtime: Runtime, then: Callable[[], None]) -> None:
     """:func:`release_after_device`'s job, on the releaser thread: wait for the whole device (unless the
     runtime closed), then call ``then()``."""
     try:

@@ -27,6 +27,7 @@ from .._streampool import StreamPool, pool_for
 from ._capture import launch_into_capture
 from ._deps import ForkPlan
 from ._nodes import EnqueueContext, HostNode, Node, PlanStep, RecordNode, WaitNode
+from ._plan import recheck
 from ._run import Run, serialize_after
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ class ForkLaunchPlan:
 
     __slots__ = (
         "__weakref__", "backend", "events", "keep", "names", "pipeline", "program", "records", "roots", "run_program",
-        "sides", "steps", "stream", "streams", "tails", "wait_for",
+        "sides", "steps", "stream", "streams", "tails", "users", "wait_for",
     )
 
     def __init__(
@@ -121,7 +122,8 @@ class ForkLaunchPlan:
         self.steps = tuple(steps)
         self.names = tuple(names)
         self.keep = (*keep, *extra)
-        self.roots = tuple((root, tuple(users)) for root, users in used.values())
+        self.roots = tuple(root for root, _ in used.values())
+        self.users = tuple(tuple(users) for _, users in used.values())  # per root: the streams using it
         self.events: tuple[Event, ...] = tuple(n.event for n in nodes if isinstance(n, (RecordNode, WaitNode)))
         self.records = tuple(records)
         self.tails = (stream,) if join else streams
@@ -155,12 +157,7 @@ class ForkLaunchPlan:
         rt = stream._runtime
         backend = self.backend
         handle = stream._handle
-        for b, _ in self.roots:
-            if b._released:
-                raise ValueError(f"pipeline {pipeline._name!r} uses a released buffer ({b!r})")
-        for ev in self.events:
-            if ev._closed:
-                ev._check_open()
+        recheck(pipeline, self.roots, self.events)
         chain = pipeline._chain
         prev = chain.last
         pending = prev is not None and not prev._done
@@ -190,7 +187,7 @@ class ForkLaunchPlan:
                 raise
         for ev, on in self.records:
             ev._recorded_on = on
-        for b, users in self.roots:  # each root buffer's streams noted once (see Buffer.note_stream)
+        for b, users in zip(self.roots, self.users):  # each root buffer's streams noted once (see Buffer.note_stream)
             noted = b._streams
             if noted is None:
                 b._streams = set(users)

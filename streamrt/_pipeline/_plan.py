@@ -37,11 +37,23 @@ from ._nodes import Node, RecordNode, WaitNode
 from ._run import Run, serialize_after
 
 if TYPE_CHECKING:
+    from .._buffer import Buffer
     from .._event import Event
     from .._stream import Stream
     from ._builder import Pipeline
 
-__all__ = ["LaunchPlan"]
+__all__ = ["LaunchPlan", "recheck"]
+
+
+def recheck(pipeline: Pipeline, roots: tuple[Buffer, ...], events: tuple[Event, ...]) -> None:
+    """What can change between launches of a compiled plan: ``ValueError`` for a released root
+    buffer, ``ClosedError`` for a closed event."""
+    for b in roots:
+        if b._released:
+            raise ValueError(f"pipeline {pipeline._name!r} uses a released buffer ({b!r})")
+    for ev in events:
+        if ev._closed:
+            ev._check_open()
 
 
 class LaunchPlan:
@@ -88,12 +100,7 @@ class LaunchPlan:
         with stream._lock, pipeline._lock:
             if stream._closed:
                 stream._check_open()
-            for b in self.roots:
-                if b._released:
-                    raise ValueError(f"pipeline {pipeline._name!r} uses a released buffer ({b!r})")
-            for ev in self.events:
-                if ev._closed:
-                    ev._check_open()
+            recheck(pipeline, self.roots, self.events)
             chain = pipeline._chain
             prev = chain.last
             pending = prev is not None and not prev._done

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from .._completion import Completion
-from .._allocator import after_device_sync
+from .._allocator import release_after_device
 from .._completion._future import PostBatch
 from .._stream import Stream
 
@@ -155,7 +155,7 @@ class Run(Completion):
         except BaseException:
             if not lanes and streams:  # nothing watches what the launch enqueued: finish once the device is idle
                 rt = streams[0]._runtime
-                rt.releaser.submit(after_device_sync, rt, lambda: self._tail_done(0, None, None))
+                release_after_device(rt, lambda: self._tail_done(0, None, None))
                 raise
             self._tail_done(0, None, None)  # release the hold: the tails watched so far finish the Run
             raise
