@@ -15,7 +15,9 @@ Columns, interleaved per round (medians over rounds of per-call medians):
 
 * ``raw ops``: the same backend calls made directly with pre-converted
   handles (memset, 2 D2H, 2 native host functions, H2D, one event record): the
-  floor an eager launch cannot go below;
+  floor an eager launch cannot go below. Each raw call records its own tail
+  event (a ring of ``--window`` + 2), which the busy mode waits for as it waits
+  for a Run, so both keep the same work in flight;
 * ``stream``/``fork``: ``Pipeline.launch`` with each policy (fork with
   ``wait_for=None``);
 * ``raw graph``: the backend's graph launch of the captured executable plus
@@ -80,6 +82,38 @@ _LAUNCH_CALLS = (
     "stream_is_capturing",
     "ensure_device",
 )
+
+
+class _RawTail:
+    """A raw call's tail event: ``wait()`` synchronizes it, as a Run's wait does."""
+
+    __slots__ = ("backend", "event")
+
+    def __init__(self, backend: Any, event: int) -> None:
+        self.backend, self.event = backend, event
+
+    def wait(self) -> None:
+        self.backend.event_synchronize(self.event)
+
+
+class _RawTails:
+    """The raw columns' tail events, recorded in turn (``size`` > the busy window, so each one has
+    been waited for before it is recorded again)."""
+
+    def __init__(self, backend: Any, size: int) -> None:
+        self.backend = backend
+        self.tails = [_RawTail(backend, backend.event_create(timing=False, blocking_sync=True)) for _ in range(size)]
+        self.turn = 0
+
+    def record(self, stream: int) -> _RawTail:
+        tail = self.tails[self.turn]
+        self.turn = (self.turn + 1) % len(self.tails)
+        self.backend.event_record(tail.event, stream)
+        return tail
+
+    def close(self) -> None:
+        for tail in self.tails:
+            self.backend.event_destroy(tail.event)
 
 
 def _recompile_plans() -> None:
@@ -162,28 +196,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         exec_handle = graph._state.exec  # type: ignore[union-attr]
         scratch = rt.host_allocator.allocate(4096)
         sem = Semaphore()
-        tail_ev = rt.backend.event_create(timing=False, blocking_sync=True)
+        tails = _RawTails(b, args.window + 2)
         dq, meta_dev = ws.ptr + params.metadata_region_bytes, ws.ptr
         dq_n, meta_n = params.dq_acc_bound_bytes, params.metadata_region_bytes
         d2h, h2d = MemcpyKind.DEVICE_TO_HOST, MemcpyKind.HOST_TO_DEVICE
 
-        def raw_ops(host_functions: int) -> None:
+        def raw_ops(host_functions: int) -> _RawTail:
             b.memset_async(dq, 0, dq_n, h)
             b.memcpy_async(scratch.ptr, q.ptr, seq_q.nbytes, d2h, h)
             b.memcpy_async(scratch.ptr + 1024, k.ptr, seq_k.nbytes, d2h, h)
             for _ in range(host_functions):
                 b.launch_host_func(h, SEM_POST_ADDRESS, sem.address)
             b.memcpy_async(meta_dev, scratch.ptr + 2048, min(meta_n, 2048), h2d, h)
-            b.event_record(tail_ev, h)
+            return tails.record(h)
 
-        def raw_steps(steps: Any) -> None:
+        def raw_steps(steps: Any) -> _RawTail:
             for fn, fn_args in steps:
                 fn(*fn_args)
-            b.event_record(tail_ev, h)
+            return tails.record(h)
 
-        def raw_graph(exec_handle: Any) -> None:
+        def raw_graph(exec_handle: Any) -> _RawTail:
             b.graph_launch(exec_handle, h)
-            b.event_record(tail_ev, h)
+            return tails.record(h)
 
         calls: dict[str, Callable[[], Any]] = {
             "raw ops": lambda: raw_ops(2),  # a Python host node: two host functions (post, hold)
@@ -231,7 +265,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if mode == "idle":
                     s.synchronize()
                     for r in inflight:
-                        r.wait() if hasattr(r, "wait") else None
+                        r.wait()
                     inflight.clear()
                 t0 = time.perf_counter()
                 r = fn()
@@ -243,12 +277,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     spin()
                     inflight.append(r)
                     if len(inflight) > args.window:
-                        old = inflight.pop(0)
-                        old.wait() if hasattr(old, "wait") else s.synchronize()
+                        inflight.pop(0).wait()
             s.synchronize()
             for r in inflight:
-                if hasattr(r, "wait"):
-                    r.wait()
+                r.wait()
             return statistics.median(times) * 1e6
 
         modes = ["idle"] + (["busy"] if spin is not None else [])
@@ -280,7 +312,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         scratch.release()
         stage.release()
         sem.destroy()
-        rt.backend.event_destroy(tail_ev)
+        tails.close()
         device = f"{rt.backend_name}: {rt.capabilities.device_name}"
     summary = {m: {c: statistics.median(v) for c, v in cols.items()} for m, cols in per_round.items()}
     return {
