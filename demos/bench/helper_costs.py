@@ -7,8 +7,9 @@ on the main thread, ``--calls`` calls in a row of
 * the helper, and
 * the **bare** sequence of torch and backend calls that does the same work with nothing
   around it, written out by hand: for a batch, one ``memmove`` per leaf into a pinned
-  block, ``torch.empty`` with the copy stream current, the H2D copy, an event record, the
-  consumer's wait and ``record_stream``, and a typed view per leaf; for a fetch, the
+  block, an event recorded on the consumer's stream and waited for by the copy stream
+  (the reused device block's order), the H2D copy into a device block allocated once, an
+  event record and the consumer's wait, handing out views made once; for a fetch, the
   capture check, the D2H copy and an event record; for a log, those plus an event query
   and copying an older value out of its staging.
 
@@ -77,42 +78,31 @@ class Bare:
         self.turn = 0
         if self.on_gpu:
             self.device = torch.device("cuda", rt.device)
-            ts = st.as_torch_stream(copy_stream)
-            self.copy_ids = (ts.stream_id, ts.device_index, ts.device_type)
-            self.consumer_ts = st.as_torch_stream(self.consumer)
-            self.get_stream = getattr(torch._C, "_cuda_getCurrentStream", None)
-            self.set_stream = getattr(torch._C, "_cuda_setStream", None)
-        else:  # the simulator: one aliased device block stands for torch's allocation
+            self.device_tensor = torch.empty(self.padded, dtype=torch.uint8, device=self.device)
+        else:  # the simulator: an aliased device block
             self.device_tensor = st.device_empty(rt, self.padded, torch.uint8)
+        self.device_ptr = self.device_tensor.data_ptr()
+        self.progress = rt.create_event()
+        self.views = [
+            self.device_tensor.view(leaf.dtype).as_strided(tuple(leaf.shape), (1,), off // leaf.element_size())
+            for leaf, off in zip(self.leaves, self.offsets)
+        ]
 
     def _event(self) -> srt.Event:
         self.turn = (self.turn + 1) % len(self.events)
         return self.events[self.turn]
 
-    def _empty_on_copy_stream(self) -> torch.Tensor:
-        if not self.on_gpu:
-            return self.device_tensor
-        if self.set_stream is None or self.get_stream is None:
-            with torch.cuda.stream(st.as_torch_stream(self.copies)):
-                return torch.empty(self.padded, dtype=torch.uint8, device=self.device)
-        previous = self.get_stream(self.rt.device)
-        self.set_stream(*self.copy_ids)
-        t = torch.empty(self.padded, dtype=torch.uint8, device=self.device)
-        self.set_stream(*previous)
-        return t
-
     def prefetch(self, batch: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         base = self.staging.ptr
         for leaf, offset in zip(batch.values(), self.offsets):
             ctypes.memmove(base + offset, leaf.data_ptr(), leaf.nbytes)
-        t = self._empty_on_copy_stream()
-        handle, ev = self.copies.handle, self._event()
-        self.backend.memcpy_async(t.data_ptr(), base, self.total, MemcpyKind.HOST_TO_DEVICE, handle)
-        self.backend.event_record(ev.handle, handle)
-        self.backend.stream_wait_event(self.consumer.handle, ev.handle)
-        if self.on_gpu:
-            t.record_stream(self.consumer_ts)
-        return [t.view(leaf.dtype).as_strided(tuple(leaf.shape), (1,), off // leaf.element_size()) for leaf, off in zip(self.leaves, self.offsets)]
+        b, copies, consumer, ev = self.backend, self.copies.handle, self.consumer.handle, self._event()
+        b.event_record(self.progress.handle, consumer)
+        b.stream_wait_event(copies, self.progress.handle)
+        b.memcpy_async(self.device_ptr, base, self.total, MemcpyKind.HOST_TO_DEVICE, copies)
+        b.event_record(ev.handle, copies)
+        b.stream_wait_event(consumer, ev.handle)
+        return self.views
 
     def fetch(self, loss: torch.Tensor) -> srt.Event:
         stream = self.consumer
@@ -133,6 +123,7 @@ class Bare:
         self.rt.synchronize()
         for buf in (self.staging, *self.small):
             buf.release()
+        self.progress.close()
 
 
 def sample(fn: Callable[[], Any], calls: int, after: Callable[[], None]) -> float:

@@ -121,14 +121,19 @@ class TorchContext:
         (or failed to be): it is reused once ``stream`` has passed the copy."""
         raise NotImplementedError  # only a variant that makes temporaries has them
 
-    def hand_off(self, event: Event, stream: Stream, tensor: Any, block: Buffer | None) -> bool:
-        """Give a tensor written by work before ``event`` to the consumer on ``stream``.
+    def hand_off(self, event: Event, stream: Stream, block: Buffer | None) -> bool:
+        """Give memory written by work before ``event`` (a :meth:`device_block`) to the consumer on ``stream``.
 
-        ``stream`` waits for ``event`` (device-side); the tensor's memory is marked as used by
-        ``stream`` (``record_stream`` / ``note_stream``). When torch computes on the host, the
-        host also waits for ``event`` (blocking only if the copy has not landed yet). Returns
-        whether the host waited.
+        ``stream`` waits for ``event`` (device-side). When torch computes on the host, the host
+        also waits for ``event`` (blocking only if the copy has not landed yet) and ``block`` is
+        marked as used by ``stream``. Returns whether the host waited.
         """
+        raise NotImplementedError
+
+    def let_go(self, tensor: Any, stream: Stream | None) -> None:
+        """The caller drops its reference to a :meth:`device_block` tensor that was handed to ``stream``
+        (``None``: to nobody): torch reuses the memory only after the work enqueued on ``stream``
+        so far (GPU: ``record_stream``; after a closed stream, once the device is idle)."""
         raise NotImplementedError
 
     def order_host_after(self, work: Completion | Event) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import operator
 from typing import TYPE_CHECKING, Any
 
+from .._allocator import release_after_device
 from .._backends.protocol import MemcpyKind
 from ._context import TorchContext
 from ._interop import as_torch_stream
@@ -134,8 +135,14 @@ class DeviceTorch(TorchContext):
             return None
         return ptr, (_H2H if kind == "host" else D2H), None  # pinned host memory, or managed memory
 
-    def hand_off(self, event: Event, stream: Stream, tensor: Any, block: Buffer | None) -> bool:
+    def hand_off(self, event: Event, stream: Stream, block: Buffer | None) -> bool:
         stream._wait_raw(event)
-        if tensor is not None:
-            tensor.record_stream(self._torch_stream(stream))
         return False
+
+    def let_go(self, tensor: Any, stream: Stream | None) -> None:
+        if stream is None:
+            return  # allocated on the copy stream, which torch orders its reuse after
+        if not stream._closed:
+            tensor.record_stream(self._torch_stream(stream))
+        else:  # its handle may be gone: keep the memory until the device has passed everything
+            release_after_device(self.rt, lambda: tensor)

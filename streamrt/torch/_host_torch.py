@@ -82,7 +82,7 @@ class HostTorch(TorchContext):
         temporary.note_stream(stream)
         temporary.release()
 
-    def hand_off(self, event: Event, stream: Stream, tensor: Any, block: Buffer | None) -> bool:
+    def hand_off(self, event: Event, stream: Stream, block: Buffer | None) -> bool:
         stream._wait_raw(event)
         if block is not None:
             block.note_stream(stream)
@@ -90,6 +90,10 @@ class HostTorch(TorchContext):
             return False
         event.synchronize()
         return True
+
+    def let_go(self, tensor: Any, stream: Stream | None) -> None:
+        """Nothing to do: the hand-off noted ``stream`` on the aliased block, which is released (its
+        reuse ordered after the streams noted on it) once the tensor's last view is gone."""
 
 
 def alias_block(rt: Runtime, block: Buffer, nbytes: int) -> Any:

@@ -9,38 +9,43 @@
 For each batch taken from the iterable, on the calling thread:
 
 1. its leaves (CPU tensors and numpy arrays, inside dicts, lists, tuples:
-   see :mod:`._tree`) are packed into one pinned staging block from
-   ``rt.host_allocator`` (each leaf 256-byte aligned);
-2. one device block is allocated (GPU: ``torch.empty(..., device="cuda")``
-   while the copy stream is torch's current stream, so torch's allocator
-   orders the block's reuse after the copy; simulator: a device block
-   aliased by a CPU tensor, see :mod:`._context`) and the leaves become typed
-   views of it;
-3. one host-to-device copy is enqueued on the copy stream, then an event.
+   see :mod:`._tree`) are packed into the pinned staging block of a *slot*
+   (each leaf 256-byte aligned);
+2. one host-to-device copy into the slot's device memory is enqueued on the
+   copy stream, then the slot's event (one native call on cuda and hip);
+3. the leaves become the slot's typed views of that memory.
 
-**Staging slots.** Each staged batch takes a *slot*: a pinned staging block and
-the event recorded after the block's copy. Once the batch is handed out, its
-slot goes back to the Prefetcher's free slots; the next batch reuses the oldest
-one whose copy has landed (one event query), so a warm Prefetcher stages with
-no allocator call and one event record per batch. While every free slot's copy
-is still in flight a new slot is made, up to ``depth + 2`` of them; past that,
-the oldest slot's block goes back to the allocator, stream-ordered after its
-copy, and a new block is taken. The slots' blocks return to ``rt.host_allocator``
-on :meth:`Prefetcher.close`.
+**Slots** (:mod:`._slots`). A slot holds a pinned staging block, a device
+block (GPU: ``torch.empty(..., device="cuda")`` while the copy stream is
+torch's current stream; simulator: a device block aliased by a CPU tensor, see
+:mod:`._context`), the views the batch's leaves became, and the event recorded
+after its copy. Once a batch is handed out, its slot is free again: the next
+batch reuses the oldest free slot whose copy has landed (one event query) and
+whose views and memory nothing outside the Prefetcher refers to any more
+(reference counts): a loop that drops each batch by the next step stages with
+no allocation and no torch call at all. The copy into a reused device block
+first waits, on the device, for the work enqueued on the stream the block was
+handed to. A batch the loop still holds keeps its slot; while no free slot is
+usable a new one is made, up to ``depth + 2``; past that the oldest slot's
+blocks are replaced (its staging goes back to the allocator after its copy,
+its device memory stays the held batch's own). ``reuse_memory=False`` gives
+every batch new device memory instead. The blocks go back on
+:meth:`Prefetcher.close`.
 
-**Plans.** What steps 1 and 2 work out -- each leaf's offset, the block's size,
+**Plans.** What steps 1 and 3 work out -- each leaf's offset, the block's size,
 each view's dtype, shape and strides -- depends only on the batch's structure
 and its leaves' dtypes and shapes. It is kept per Prefetcher, keyed by those
-(:class:`_Plan`, the last few), so batches of a repeating structure (a padded
-token budget) are staged with one device allocation, one ``memmove`` per leaf,
-one copy, one event record and one torch view per leaf.
+(:class:`_Plan`, the last few), and a slot keeps its views for the plan it
+last staged, so batches of a repeating structure (a padded token budget) are
+staged with one ``memmove`` per leaf, one copy and one event record.
 
 ``next()`` hands out the oldest staged batch: the consumer's stream (the
 ``device_stream``, default torch's current stream at the time of the call)
-waits for the batch's event -- on the device; the host does not wait -- and
-the batch's memory is recorded on that stream (``record_stream``), so torch
-does not reuse it before the consumer's work has run. Then it tops the queue
-up again, so the next copies are enqueued before the consumer's compute.
+waits for the batch's event -- on the device; the host does not wait. Then it
+tops the queue up again, so the next copies are enqueued before the consumer's
+compute. **Work on other streams** that reads a batch must be ordered into the
+consumer's stream (``consumer.wait_stream(other)``) before the loop drops the
+batch, since its memory is reused after the consumer's work only.
 
 Back-pressure: at most ``depth`` batches are taken from the iterable and not
 yet handed out; a slow consumer makes the prefetcher pull slowly, never pile up.
@@ -71,23 +76,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._backends._native_ops import Program
-from .._backends.protocol import MemcpyKind
 from .._stream import Stream
 from .._trace_labels import label
 from ._context import context
 from ._lazy import numpy_to_torch_dtype, torch_module
+from ._slots import Slot, Slots
 from ._tree import flatten, unflatten
 
 if TYPE_CHECKING:
-    from .._backends._native_ops import NativeOps
-    from .._buffer import Buffer
-    from .._event import Event
     from .._runtime import Runtime
 
 __all__ = ["PrefetchStatistics", "Prefetcher"]
-
-H2D = MemcpyKind.HOST_TO_DEVICE
 
 _ALIGN = 256
 _SPARE_SLOTS = 2  # staging slots beyond depth (see "Staging slots")
@@ -109,6 +108,7 @@ class PrefetchStatistics:
             computes on the host: the simulator with CPU torch).
         plans: staging plans made (one per new batch structure, dtypes and shapes; the rest reused one).
         staging_slots: staging slots held (pinned blocks reused once their copies landed; at most ``depth + 2``).
+        device_blocks: device blocks allocated so far (a loop that drops its batches reuses at most ``depth + 2``).
     """
 
     staged: int
@@ -119,32 +119,15 @@ class PrefetchStatistics:
     host_waits: int
     plans: int = 0
     staging_slots: int = 0
-
-
-class _Slot:
-    """A pinned staging block and the event recorded after its last copy (see "Staging slots").
-
-    ``program``: the copy and the record as one native program (the copy's destination and size
-    are set per batch), where the backend has native ops.
-    """
-
-    __slots__ = ("block", "capacity", "event", "program")
-
-    def __init__(self, event: Event) -> None:
-        self.event = event
-        self.block: Buffer | None = None
-        self.capacity = 0
-        self.program: Program | None = None
+    device_blocks: int = 0
 
 
 class _Staged:
-    __slots__ = ("batch", "block", "slot", "tensor")
+    __slots__ = ("batch", "slot")
 
-    def __init__(self, batch: Any, slot: _Slot, tensor: Any, block: Buffer | None) -> None:
+    def __init__(self, batch: Any, slot: Slot) -> None:
         self.batch = batch
-        self.slot = slot  # its event is recorded after the batch's copy
-        self.tensor = tensor  # the uint8 device tensor every staged leaf views (None: nothing staged)
-        self.block = block  # simulator: the allocator block behind it
+        self.slot = slot  # its event is recorded after the batch's copy; its views are the batch's leaves
 
 
 class _Plan:
@@ -196,6 +179,8 @@ class Prefetcher(Iterator[Any]):
         stream: the stream the copies run on (default: a new stream, closed with the prefetcher).
         device_stream: the stream that consumes the batches (default: torch's current
             stream when ``next()`` is called; see :func:`~streamrt.torch.current_stream`).
+        reuse_memory: reuse a slot's device memory once nothing refers to its batch (default);
+            ``False``: new device memory per batch, freed under torch's rules.
     """
 
     def __init__(
@@ -205,6 +190,7 @@ class Prefetcher(Iterator[Any]):
         depth: int = 2,
         stream: Stream | None = None,
         device_stream: Stream | None = None,
+        reuse_memory: bool = True,
     ) -> None:
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth must be an int >= 1, got {depth!r}")
@@ -220,9 +206,7 @@ class Prefetcher(Iterator[Any]):
         self._stream = rt.create_stream(name="prefetch") if stream is None else stream
         self._device_stream = device_stream
         self._queue: collections.deque[_Staged] = collections.deque()
-        self._free: collections.deque[_Slot] = collections.deque()  # slots of batches handed out, oldest first
-        self._slots = 0  # slots made and not dropped
-        self._ops: NativeOps | None = getattr(rt._base_backend, "native_ops", None)
+        self._slots = Slots(rt, self._ctx, self._stream, depth + _SPARE_SLOTS, reuse_memory)
         self._plans: dict[Any, _Plan] = {}
         self._exhausted = False
         self._error: BaseException | None = None
@@ -270,9 +254,12 @@ class Prefetcher(Iterator[Any]):
         self._fill()  # the next copies go in before the consumer enqueues its compute
         ctx = self._ctx
         consumer = self._device_stream if self._device_stream is not None else ctx.current_stream()
-        if ctx.hand_off(item.slot.event, consumer, item.tensor, item.block):
+        slot = item.slot
+        if ctx.hand_off(slot.event, consumer, slot.device_block):
             self._host_waits += 1
-        self._free.append(item.slot)
+        if slot.device is not None:
+            slot.consumer = consumer  # the block's reuse waits for this stream's work (see _slots)
+        self._slots.free.append(slot)
         self._delivered += 1
         return item.batch
 
@@ -294,7 +281,8 @@ class Prefetcher(Iterator[Any]):
             staged_bytes=self._staged_bytes,
             host_waits=self._host_waits,
             plans=self._plans_made,
-            staging_slots=self._slots,
+            staging_slots=self._slots.made,
+            device_blocks=self._slots.device_blocks,
         )
 
     def close(self) -> None:
@@ -307,13 +295,12 @@ class Prefetcher(Iterator[Any]):
         if self._closed:
             return
         self._closed = True
-        slots = [s.slot for s in self._queue] + list(self._free)
-        self._queue, self._free = collections.deque(), collections.deque()
+        slots = [s.slot for s in self._queue] + list(self._slots.free)
+        self._queue = collections.deque()
+        self._slots.free.clear()
         self._plans = {}
         if not self._rt.is_closed:
-            for slot in slots:
-                self._drop_block(slot)
-                slot.event.close()
+            self._slots.close(slots)
             if self._owns_stream:
                 self._stream.synchronize()
                 self._stream.close()
@@ -362,21 +349,17 @@ class Prefetcher(Iterator[Any]):
         plan = self._plans.get(key)
         if plan is None:
             plan = self._new_plan(key, values, passes)
-        rt = self._rt
-        if rt._tracer is not None:
+        if self._rt._tracer is not None:
             with label("prefetch", None):
-                tensor, block, slot = self._enqueue(plan, values)
+                slot = self._enqueue(plan, values)
         else:
-            tensor, block, slot = self._enqueue(plan, values)
+            slot = self._enqueue(plan, values)
         self._staged_bytes += plan.total
-        if tensor is None:
-            return _Staged(host, slot, None, None)
-        typed = {}
-        for dtype in plan.dtypes:
-            typed[dtype] = tensor.view(dtype)
-        for i, dtype, shape, strides, offset in plan.views:
-            values[i] = typed[dtype].as_strided(shape, strides, offset)
-        return _Staged(unflatten(structure, values), slot, tensor, block)
+        if not plan.views:
+            return _Staged(host, slot)
+        for (i, *_), view in zip(plan.views, self._slots.views(slot, plan)):
+            values[i] = view
+        return _Staged(unflatten(structure, values), slot)
 
     def _new_plan(self, key: Any, values: list[Any], passes: list[bool]) -> _Plan:
         plans = self._plans
@@ -386,85 +369,29 @@ class Prefetcher(Iterator[Any]):
         self._plans_made += 1
         return plan
 
-    def _enqueue(self, plan: _Plan, values: list[Any]) -> tuple[Any, Buffer | None, _Slot]:
-        """Pack the leaves into a slot's staging, allocate the device block, enqueue the copy and the record."""
-        stream = self._stream
+    def _enqueue(self, plan: _Plan, values: list[Any]) -> Slot:
+        """Take a slot, pack the leaves into its staging, enqueue the copy to its device memory and the record."""
+        slots = self._slots
         total = plan.total
-        slot = self._slot(total)
-        tensor, block = None, None
+        slot = slots.take(total, plan.padded)
         try:
-            if plan.views:
-                if total:
-                    base = slot.block._ptr  # type: ignore[union-attr]
-                    for i, offset, nbytes, is_numpy in plan.copies:
-                        value = values[i]
-                        if is_numpy:
-                            value = np.ascontiguousarray(value)
-                            _memmove(base + offset, value.ctypes.data, nbytes)
-                        else:
-                            if not value.is_contiguous():
-                                value = value.detach().contiguous()
-                            _memmove(base + offset, value.data_ptr(), nbytes)
-                tensor, address, block = self._ctx.device_block(plan.padded, stream)
-                if total:
-                    self._copy_and_record(slot, address, total)
-                    return tensor, block, slot
-            stream._record_raw(slot.event)
+            if total:
+                base = slot.block._ptr  # type: ignore[union-attr]
+                for i, offset, nbytes, is_numpy in plan.copies:
+                    value = values[i]
+                    if is_numpy:
+                        value = np.ascontiguousarray(value)
+                        _memmove(base + offset, value.ctypes.data, nbytes)
+                    else:
+                        if not value.is_contiguous():
+                            value = value.detach().contiguous()
+                        _memmove(base + offset, value.data_ptr(), nbytes)
+                slots.copy(slot, total)
+            else:
+                self._stream._record_raw(slot.event)
         except BaseException:
-            self._drop_block(slot)  # a copy may have been enqueued from it
-            self._free.appendleft(slot)
+            slots.drop_staging(slot)  # a copy may have been enqueued from it
+            slots.drop_device(slot)
+            slots.free.appendleft(slot)
             raise
-        return tensor, block, slot
-
-    def _slot(self, total: int) -> _Slot:
-        """The oldest free slot whose copy has landed, else a new one (up to ``depth + 2``, then the oldest
-        with a new block), with at least ``total`` bytes of staging."""
-        free = self._free
-        if free and self._stream._backend.event_query(free[0].event._handle):
-            slot = free.popleft()
-        elif self._slots < self._depth + _SPARE_SLOTS or not free:
-            slot = _Slot(self._rt.create_event())
-            self._slots += 1
-        else:
-            slot = free.popleft()
-            self._drop_block(slot)  # its copy is still in flight: the allocator reuses the block after it
-        if slot.capacity < total:
-            self._drop_block(slot)
-            try:
-                block = slot.block = self._rt._host_allocator.allocate(total)
-            except BaseException:
-                free.appendleft(slot)
-                raise
-            slot.capacity = total
-            ops = self._ops
-            if ops is not None:
-                handle = self._stream._handle
-                slot.program = Program().copy(0, block._ptr, 0, H2D, handle).record(slot.event._handle, handle)
         return slot
-
-    def _drop_block(self, slot: _Slot) -> None:
-        """Release a slot's staging block, stream-ordered after the copies enqueued from it."""
-        block = slot.block
-        if block is not None:
-            slot.block, slot.capacity, slot.program = None, 0, None
-            block.note_stream(self._stream)
-            block.release()
-
-    def _copy_and_record(self, slot: _Slot, address: int, total: int) -> None:
-        """The batch's copy from the slot's staging to ``address``, then the slot's event, on the copy stream:
-        one native call where the backend has one (and no trace or ``stream.capture()`` is open)."""
-        stream = self._stream
-        program = slot.program
-        with stream._lock:
-            if stream._closed:
-                stream._check_open()
-            if program is not None and stream._capture is None and getattr(stream._backend, "native_ops", None) is not None:
-                program.set(0, 0, address)
-                program.set(0, 2, total)
-                failed = self._ops.run(program)  # type: ignore[union-attr]
-                if failed is not None:
-                    raise failed[1]  # type: ignore[misc]
-                slot.event._recorded_on = stream._handle
-                return
-        stream._copy_raw(address, slot.block._ptr, total, H2D)  # type: ignore[union-attr]
-        stream._record_raw(slot.event)

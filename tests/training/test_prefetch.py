@@ -139,6 +139,67 @@ def test_staging_slots_stop_at_depth_plus_two_while_copies_are_held(trt: srt.Run
     assert wait_until(lambda: alloc.statistics().in_use_bytes == before.in_use_bytes)
 
 
+def test_a_loop_that_drops_its_batches_reuses_its_device_memory(trt: srt.Runtime) -> None:
+    """Batches dropped by the next step give their slot's device memory back to the Prefetcher: twenty batches
+    take at most depth + 2 device blocks, with every value right; reuse_memory=False takes one per batch."""
+    got = []
+    with st.Prefetcher((torch.full((1024,), float(i)) for i in range(20)), trt, depth=2) as pf:
+        for batch in pf:
+            got.append(float(_host(batch)[0]))
+        assert got == [float(i) for i in range(20)]
+        assert 1 <= pf.statistics().device_blocks <= 4
+    with st.Prefetcher((torch.full((1024,), float(i)) for i in range(20)), trt, depth=2, reuse_memory=False) as pf:
+        assert [float(_host(b)[0]) for b in pf] == [float(i) for i in range(20)]
+        assert pf.statistics().device_blocks == 20
+
+
+def test_a_batch_still_referenced_keeps_its_device_memory(trt: srt.Runtime) -> None:
+    """The loop holding a batch, one of its leaves, a view derived from a leaf, or a tensor autograd saved
+    for backward keeps that memory out of reuse: later batches never overwrite it."""
+    batches = ({"x": torch.full((256,), float(i)), "n": torch.full((4,), i, dtype=torch.int32)} for i in range(14))
+    pf = st.Prefetcher(batches, trt, depth=2)
+    whole = next(pf)
+    leaf = next(pf)["x"]
+    derived = next(pf)["x"][10:20]
+    x = next(pf)["x"]
+    w = torch.ones(256, device=x.device, requires_grad=True)
+    product = (x * w).sum()  # autograd saves x to compute w's gradient
+    del x
+    rest = [int(_host(b["n"])[0]) for b in pf]
+    assert rest == list(range(4, 14))
+    assert np.all(_host(whole["x"]) == 0.0) and np.all(_host(whole["n"]) == 0)
+    assert np.all(_host(leaf) == 1.0) and np.all(_host(derived) == 2.0)
+    product.backward()
+    assert np.all(_host(w.grad) == 3.0)
+    assert pf.statistics().device_blocks >= 6  # the four held batches' memory, and the loop's own
+    pf.close()
+
+
+def test_reused_device_memory_waits_for_the_consumers_work(trt: srt.Runtime, gate: Callable[[srt.Stream], Any]) -> None:
+    """A dropped batch's memory is written again only after the work enqueued on the stream it was handed to:
+    a read of batch 0 still held back on the consumer (by raw address: no reference kept) reads batch 0."""
+    copies, consumer = trt.create_stream(), trt.create_stream()
+    n = 1 << 16
+    pf = st.Prefetcher((torch.full((n,), float(i)) for i in range(4)), trt, depth=1, stream=copies, device_stream=consumer)
+    out = trt.host_allocator.allocate(4 * n)
+    release = gate(consumer)
+    batch = next(pf)  # batch 0; batch 1 is staged
+    address = batch.data_ptr()
+    trt.backend.memcpy_async(out.ptr, address, 4 * n, srt.MemcpyKind.DEVICE_TO_HOST, consumer.handle)
+    del batch
+    held = next(pf)  # batch 1; batch 2 is staged into batch 0's slot, its copy behind the consumer's read
+    time.sleep(0.05)
+    assert not copies.is_idle
+    release.set()
+    consumer.synchronize()
+    assert np.all(out.numpy(np.float32) == 0.0)
+    assert float(_host(held)[0]) == 1.0
+    again = next(pf)
+    assert again.data_ptr() == address and float(_host(again)[0]) == 2.0
+    pf.close()
+    out.release()
+
+
 def test_simulator_device_blocks_come_back(sim_rt: srt.Runtime) -> None:
     """On the simulator the batches' device blocks return to the device allocator once the batches are dropped."""
     alloc = sim_rt.device_allocator
