@@ -14,7 +14,8 @@ piece that waits for the GIL is charged that wait):
 
 For (b) it also reports the runtime threads' work per step: completion-lane
 batches (each a lane thread waking and taking the GIL) and the CPU time of
-streamrt's threads (lanes, workers, watchdog, releaser).
+streamrt's threads (lanes, workers, watchdog, releaser); and the Prefetcher's
+device blocks allocated per step (near 0 where its slots' memory is reused).
 
 ``--profile N`` then runs each variant once more under cProfile (without the
 timers; from Python 3.12 cProfile sees every thread, before it only the main
@@ -163,11 +164,15 @@ def main(argv: list[str] | None = None) -> int:
         with srt.open_runtime(backend) as rt:
             batches = rt._engine.statistics().batches
             cpu = _runtime_thread_cpu()
-            demo.run_streamrt(cfg, device, rt)
+            result = demo.run_streamrt(cfg, device, rt)
             sync()
             lane_batches = rt._engine.statistics().batches - batches
             cpu_s = sum(t - cpu.get(name, 0.0) for name, t in _runtime_thread_cpu().items())
-        return {"lane batches": lane_batches / cfg.steps, "runtime threads cpu us": cpu_s * 1e6 / cfg.steps}
+        return {
+            "lane batches": lane_batches / cfg.steps,
+            "runtime threads cpu us": cpu_s * 1e6 / cfg.steps,
+            "prefetch device blocks": result.stats["prefetch"]["device_blocks"] / cfg.steps,
+        }
 
     try:
         for variant in ("a", "b", "a", "b"):

@@ -98,6 +98,12 @@ class Program:
         """Change argument ``arg`` of call ``call`` (both counted from 0), for a program only its owner runs."""
         self._words[call * _c.WORDS + 1 + arg] = int(value) & 0xFFFFFFFFFFFFFFFF
 
+    def after(self, start: int) -> Program:
+        """A new program of this one's calls from ``start`` on (``after(1)``: a compiled program without its check)."""
+        rest = Program()
+        rest._words = self._words[start * _c.WORDS :]
+        return rest
+
     def __len__(self) -> int:
         return len(self._words) // _c.WORDS
 

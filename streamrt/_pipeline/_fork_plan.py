@@ -23,6 +23,7 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from .._backends._native_ops import Program
 from .._streampool import StreamPool, pool_for
 from ._capture import launch_into_capture
 from ._deps import ForkPlan
@@ -58,8 +59,8 @@ class ForkLaunchPlan:
     """``pipeline`` compiled for ``"fork"`` launches from ``stream``. See the module docstring."""
 
     __slots__ = (
-        "__weakref__", "backend", "events", "keep", "names", "pipeline", "program", "records", "roots", "run_program",
-        "sides", "steps", "stream", "streams", "tails", "users", "wait_for",
+        "__weakref__", "backend", "body", "check", "events", "keep", "names", "pipeline", "program", "records", "roots",
+        "run_program", "sides", "steps", "stream", "streams", "tails", "users", "wait_for",
     )
 
     def __init__(
@@ -130,6 +131,9 @@ class ForkLaunchPlan:
         ops = getattr(backend, "native_ops", None)
         self.program = ops.compile(stream._handle, self.steps) if ops is not None else None
         self.run_program = ops.run if ops is not None and self.program is not None else None
+        # While the previous run is pending its waits go between the capture check and the steps: the two halves
+        self.check = Program().check_not_capturing(stream._handle) if self.program is not None else None
+        self.body = self.program.after(1) if self.program is not None else None
 
     def launch(self) -> Run:
         """Enqueue the pipeline with the ``"fork"`` policy from the plan's stream; its :class:`Run`."""
@@ -161,15 +165,21 @@ class ForkLaunchPlan:
         chain = pipeline._chain
         prev = chain.last
         pending = prev is not None and not prev._done
-        native = self.run_program is not None and not pending  # waits for the previous run follow the check
+        native = self.run_program is not None
         if stream._capture is not None or not native and backend.stream_is_capturing(handle):
             return launch_into_capture(pipeline, stream, *pipeline._validated())
         if rt._multi_device:
             backend.ensure_device(rt._device)
-        if pending:
-            serialize_after(prev, (stream,) if self.wait_for == "stream" else self.streams)  # type: ignore[arg-type]
         if native:
-            failed = self.run_program(self.program)  # type: ignore[misc]
+            if pending:  # the check, the waits for the previous run, then the steps (call i of body is i + 1)
+                failed = self.run_program(self.check)  # type: ignore[misc]
+                if failed is None:
+                    serialize_after(prev, (stream,) if self.wait_for == "stream" else self.streams)  # type: ignore[arg-type]
+                    failed = self.run_program(self.body)  # type: ignore[misc]
+                    if failed is not None:
+                        failed = (failed[0] + 1, failed[1])
+            else:
+                failed = self.run_program(self.program)  # type: ignore[misc]
             if failed is not None:
                 index, error = failed
                 if error is None:  # a capture another library began: nothing was enqueued
@@ -178,6 +188,8 @@ class ForkLaunchPlan:
                     self._fail_partial(self.names[index - 1], error)
                 raise error
         else:
+            if pending:
+                serialize_after(prev, (stream,) if self.wait_for == "stream" else self.streams)  # type: ignore[arg-type]
             i = 0
             try:
                 for i, (fn, args) in enumerate(self.steps):

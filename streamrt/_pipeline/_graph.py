@@ -389,7 +389,7 @@ class Graph:
             ops = getattr(backend, "native_ops", None) if not (pending and prev._streams != (stream,)) else None  # type: ignore[union-attr]
             if ops is None and backend.stream_is_capturing(stream._handle):
                 raise CaptureError(f"{stream.name} is capturing: a graph is replayed on a stream that is not capturing")
-            if pending:
+            if pending and prev._streams != (stream,):  # type: ignore[union-attr]  # (nothing to wait for on this stream)
                 serialize_after(prev, (stream,))  # type: ignore[arg-type]
             armed = []
             for name, slot in state.slots:  # armed before the launch: replays match runs FIFO

@@ -110,8 +110,8 @@ class LaunchPlan:
                 return launch_into_capture(pipeline, stream, *pipeline._validated())
             if rt._multi_device:  # kernel launches and the tail event need the stream's device current
                 backend.ensure_device(rt._device)
-            if pending:
-                serialize_after(prev, (stream,))  # type: ignore[arg-type]  # nothing to do when it ran on this stream
+            if pending and prev._streams != (stream,):  # type: ignore[union-attr]  # (nothing to wait for on this stream)
+                serialize_after(prev, (stream,))  # type: ignore[arg-type]
             host: list[tuple[str, HostRequest]] = []
             if native:
                 failed = self.run_program(self.program)  # type: ignore[misc]

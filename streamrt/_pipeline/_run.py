@@ -127,6 +127,34 @@ class Run(Completion):
             req.owner = self
         record = engine._record
         pool = engine._pool
+        if type(tails) is tuple and len(tails) == 1:
+            # One tail (every stream launch and replay): the Run is pushed last, so the lane may retire it at
+            # once and the constructor needs no hold. On a failure nothing watches the launch: it finishes
+            # once the device is idle.
+            stream = tails[0]
+            lane = stream._lane
+            event = pool.pop() if pool else engine._events.take()
+            self._remaining = 1
+            lane._depth += 1  # a record-and-push section (see _Lane, "Order")
+            try:
+                try:
+                    record(event, stream._handle)
+                except BaseException:
+                    pool.append(event)
+                    raise
+                self.event = event
+                self.unordered = lane._depth > 1
+                self._tails = [(stream, event)]
+                self._lanes = (lane,)
+                lane.push(self)
+            except BaseException:
+                self._tails = []
+                self._lanes = ()
+                release_after_device(stream._runtime, lambda: self._tail_done(0, None, None))
+                raise
+            finally:
+                lane._depth -= 1
+            return
         lanes: list[_Lane] = []
         self._remaining = 1  # held until every tail is watched: an early tail must not finish the Run
         try:

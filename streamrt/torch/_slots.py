@@ -82,7 +82,7 @@ class Slot:
         self.uses = 0  # the storage's use count then
         self.consumer: Stream | None = None  # the stream the device block was last handed to
         self.program: Program | None = None  # [the reuse wait,] the copy and the record, as one native call
-        self.key: tuple[int, int, int] | None = None  # what ``program`` was built for
+        self.key: tuple[int, int, int | None] | None = None  # what ``program`` was built for
         self.copy_call = 0  # the copy's index in ``program``
 
 
@@ -193,7 +193,7 @@ class Slots:
                     stream._check_open()
                 if consumer is not None and consumer._closed:
                     consumer._check_open()
-                program = self._program(slot, 0 if consumer is None else consumer._handle)
+                program = self._program(slot, consumer)
                 program.set(slot.copy_call, 2, total)
                 failed = ops.run(program)
                 if failed is not None:
@@ -207,13 +207,14 @@ class Slots:
             stream._record_raw(slot.event)
         slot.consumer = None  # ordered: the next reuse waits for whoever consumes this batch
 
-    def _program(self, slot: Slot, consumer: int) -> Program:
-        key = (slot.block._ptr, slot.address, consumer)  # type: ignore[union-attr]
+    def _program(self, slot: Slot, consumer: Stream | None) -> Program:
+        key = (slot.block._ptr, slot.address, None if consumer is None else consumer._handle)  # type: ignore[union-attr]
         if slot.key != key:
             handle = self._stream._handle
             program = Program()
-            if consumer:
-                program.record(self._progress._handle, consumer).wait(handle, self._progress._handle)  # type: ignore[union-attr]
+            if consumer is not None:  # (its handle may be 0: the legacy default stream)
+                progress = self._progress._handle  # type: ignore[union-attr]
+                program.record(progress, consumer._handle).wait(handle, progress)
             slot.copy_call = len(program)
             slot.program = program.copy(slot.address, slot.block._ptr, 0, H2D, handle).record(slot.event._handle, handle)  # type: ignore[union-attr]
             slot.key = key

@@ -175,12 +175,19 @@ def test_a_batch_still_referenced_keeps_its_device_memory(trt: srt.Runtime) -> N
     pf.close()
 
 
-def test_reused_device_memory_waits_for_the_consumers_work(trt: srt.Runtime, gate: Callable[[srt.Stream], Any]) -> None:
-    """A dropped batch's memory is written again only after the work enqueued on the stream it was handed to:
-    a read of batch 0 still held back on the consumer (by raw address: no reference kept) reads batch 0."""
-    copies, consumer = trt.create_stream(), trt.create_stream()
+@pytest.mark.parametrize("own_consumer", [True, False], ids=["own-stream", "torch-stream"])
+def test_reused_device_memory_waits_for_the_consumers_work(
+    trt: srt.Runtime, gate: Callable[[srt.Stream], Any], own_consumer: bool
+) -> None:
+    """A dropped batch's memory is written again only after the work enqueued on the stream it was handed to
+    (a stream of its own, or torch's current one: on a GPU the legacy default stream, handle 0): a read of
+    batch 0 still held back on the consumer (by raw address: no reference kept) reads batch 0."""
+    copies = trt.create_stream()
+    consumer = trt.create_stream() if own_consumer else st.current_stream(trt)
     n = 1 << 16
-    pf = st.Prefetcher((torch.full((n,), float(i)) for i in range(4)), trt, depth=1, stream=copies, device_stream=consumer)
+    pf = st.Prefetcher(
+        (torch.full((n,), float(i)) for i in range(4)), trt, depth=1, stream=copies, device_stream=consumer if own_consumer else None
+    )
     out = trt.host_allocator.allocate(4 * n)
     release = gate(consumer)
     batch = next(pf)  # batch 0; batch 1 is staged

@@ -131,6 +131,21 @@ def test_set_changes_one_argument_of_one_call_between_runs() -> None:
 
 
 @built
+def test_after_is_the_rest_of_a_program_and_leaves_it_whole() -> None:
+    """A fork plan runs its capture check, then the waits for a pending run, then ``after(1)``: the steps."""
+    driver = FakeDriver(hip=False)
+    ops = ops_over(driver)
+    program = Program().check_not_capturing(0x50).memset(0xD000, 0, 64, 0x50).record(0xE1, 0x50)
+    rest = program.after(1)
+    assert len(rest) == 2 and len(program) == 3
+    assert ops.run(rest) is None
+    assert driver.log == [("memset", 0xD000, 0, 64, 0x50), ("record", 0xE1, 0x50)]
+    driver.log.clear()
+    assert ops.run(program) is None
+    assert [c[0] for c in driver.log] == ["is_capturing", "memset", "record"]
+
+
+@built
 def test_a_capturing_stream_stops_the_program_before_anything_is_enqueued() -> None:
     driver = FakeDriver(hip=False)
     driver.capturing = 1
