@@ -54,7 +54,7 @@ from train_loop_bench import SIZES, config, demo
 
 import streamrt as srt
 import streamrt.torch as st
-from streamrt.torch import _device_torch, _host_torch
+from streamrt.torch import _slots
 
 
 class Timers:
@@ -142,8 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         (demo, "train_step", "train_step"),
         (st.Prefetcher, "__next__", "prefetch next"),
         (st.Prefetcher, "_stage", "prefetch stage"),
-        (_device_torch.DeviceTorch, "hand_off", "hand_off"),
-        (_host_torch.HostTorch, "hand_off", "hand_off"),
+        (_slots.Slots, "hand_off", "hand_off"),
         (demo.WorkspacePrepare, "launch", "prepare launch"),
         (st.MetricsLogger, "log", "logger.log"),
         (demo._MetadataCheck, "poll", "check.poll"),

@@ -255,7 +255,7 @@ class Prefetcher(Iterator[Any]):
         ctx = self._ctx
         consumer = self._device_stream if self._device_stream is not None else ctx.current_stream()
         slot = item.slot
-        if ctx.hand_off(slot.event, consumer, slot.device_block):
+        if self._slots.hand_off(slot, consumer):
             self._host_waits += 1
         if slot.device is not None:
             slot.consumer = consumer  # the block's reuse waits for this stream's work (see _slots)

@@ -108,6 +108,7 @@ class Slots:
         if self._owners is None:
             self._storage_uses = None  # no way to tell a held batch: never reuse device memory
         self._progress: Event | None = None  # recorded on a consumer, waited for by the copy stream
+        self._wait: Program | None = None  # a consumer's wait for a slot's event (hand_off)
 
     # -- taking a slot ------------------------------------------------------------------------------
     def take(self, total: int, padded: int) -> Slot:
@@ -219,6 +220,25 @@ class Slots:
             slot.program = program.copy(slot.address, slot.block._ptr, 0, H2D, handle).record(slot.event._handle, handle)  # type: ignore[union-attr]
             slot.key = key
         return slot.program  # type: ignore[return-value]
+
+    def hand_off(self, slot: Slot, consumer: Stream) -> bool:
+        """``consumer`` waits for the slot's event (see :meth:`~._context.TorchContext.hand_off`): one native
+        call where the backend has native ops. Returns whether the host waited."""
+        ops = self._ops
+        if ops is None or consumer._capture is not None or getattr(consumer._backend, "native_ops", None) is None:
+            return self._ctx.hand_off(slot.event, consumer, slot.device_block)
+        program = self._wait
+        if program is None:
+            program = self._wait = Program().wait(0, 0)
+        with consumer._lock:
+            if consumer._closed:
+                consumer._check_open()
+            program.set(0, 0, consumer._handle)
+            program.set(0, 1, slot.event._handle)
+            failed = ops.run(program)
+        if failed is not None:
+            raise failed[1]  # type: ignore[misc]
+        return False
 
     # -- giving memory back -------------------------------------------------------------------------
     def drop_staging(self, slot: Slot) -> None:
