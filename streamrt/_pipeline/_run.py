@@ -146,7 +146,7 @@ class Run(Completion):
                 self.unordered = lane._depth > 1
                 self._tails = [(stream, event)]
                 self._lanes = (lane,)
-                lane.push(self)
+                lane.push(self)  # type: ignore[arg-type]  # a Run is its own tail's lane item
             except BaseException:
                 self._tails = []
                 self._lanes = ()

@@ -89,7 +89,7 @@ if TYPE_CHECKING:
 __all__ = ["PrefetchStatistics", "Prefetcher"]
 
 _ALIGN = 256
-_SPARE_SLOTS = 2  # staging slots beyond depth (see "Staging slots")
+_SPARE_SLOTS = 2  # slots beyond depth (see "Slots")
 _MAX_PLANS = 8  # plans kept per Prefetcher (varlen batches of ever-new shapes make a plan each)
 _memmove = ctypes.memmove
 
