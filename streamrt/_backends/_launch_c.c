@@ -1,12 +1,13 @@
 /* _launch_c.c: a launch's driver calls made in one call from Python (streamrt._backends._native_ops).
  *
- * An Executor holds the addresses of eight CUDA driver (or HIP runtime) entry points. run() executes a
+ * An Executor holds the addresses of nine CUDA driver (or HIP runtime) entry points. run() executes a
  * program -- a buffer of 6-word records, each one backend call with its arguments -- with the GIL
  * released once for the whole program; replay() checks that a stream is not capturing and launches an
- * executable graph on it; record() records an event. A failing call stops the program: run() and
- * replay() return (index, code) of the failed call, or (index, 0) where a capture check found the
- * stream capturing, and None when every call succeeded. record() raises the error that make_error(code,
- * call) returns.
+ * executable graph on it; copy_record() checks that a stream is not capturing, enqueues a copy on it and
+ * records an event after it; record() records an event; query() asks whether an event has completed. A
+ * failing call stops the program: run(), replay() and copy_record() return (index, code) of the failed
+ * call, or (index, 0) where a capture check found the stream capturing, and None when every call
+ * succeeded. record() and query() raise the error that make_error(code, call) returns.
  *
  * On CUDA a driver call made on a thread with no current context returns CUDA_ERROR_INVALID_CONTEXT:
  * the Executor then calls make_current() (with the GIL) once and retries the call (context_error = 0:
@@ -29,7 +30,10 @@
 #include <stdint.h>
 
 enum { OP_CHECK, OP_MEMSET, OP_COPY, OP_HOST, OP_RECORD, OP_WAIT, OP_GRAPH, OP_KERNEL, N_OPS };
+#define FN_QUERY N_OPS /* the event query: an entry point, not a program op */
+#define N_FNS (N_OPS + 1)
 #define WORDS 6
+#define NOT_READY 600 /* CUDA_ERROR_NOT_READY and hipErrorNotReady */
 
 typedef int (*is_capturing_fn)(void *stream, int *status);
 typedef int (*cu_memset_fn)(uint64_t dst, unsigned char value, size_t nbytes, void *stream);
@@ -40,22 +44,24 @@ typedef int (*host_fn)(void *stream, void (*fn)(void *), void *data);
 typedef int (*record_fn)(void *event, void *stream);
 typedef int (*wait_fn)(void *stream, void *event, unsigned int flags);
 typedef int (*graph_fn)(void *exec, void *stream);
+typedef int (*query_fn)(void *event);
 typedef int (*kernel_fn)(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shmem,
                          void *stream, void **params, void **extra);
 
 typedef struct {
     PyObject_HEAD
-    void *fns[N_OPS]; /* is_capturing, memset, copy, host, record, wait, graph_launch, kernel launch */
+    void *fns[N_FNS]; /* is_capturing, memset, copy, host, record, wait, graph_launch, kernel launch, event query */
     int hip;
     int context_error;
     PyObject *make_error;   /* (code, call) -> exception */
     PyObject *make_current; /* () -> None, or None */
 } Executor;
 
-static const char *CUDA_NAMES[N_OPS] = {"cuStreamIsCapturing", "cuMemsetD8Async", "cuMemcpyAsync", "cuLaunchHostFunc",
-                                        "cuEventRecord", "cuStreamWaitEvent", "cuGraphLaunch", "cuLaunchKernel"};
-static const char *HIP_NAMES[N_OPS] = {"hipStreamIsCapturing", "hipMemsetAsync", "hipMemcpyAsync", "hipLaunchHostFunc",
-                                       "hipEventRecord", "hipStreamWaitEvent", "hipGraphLaunch", "hipModuleLaunchKernel"};
+static const char *CUDA_NAMES[N_FNS] = {"cuStreamIsCapturing", "cuMemsetD8Async", "cuMemcpyAsync", "cuLaunchHostFunc",
+                                        "cuEventRecord", "cuStreamWaitEvent", "cuGraphLaunch", "cuLaunchKernel", "cuEventQuery"};
+static const char *HIP_NAMES[N_FNS] = {"hipStreamIsCapturing", "hipMemsetAsync", "hipMemcpyAsync", "hipLaunchHostFunc",
+                                       "hipEventRecord", "hipStreamWaitEvent", "hipGraphLaunch", "hipModuleLaunchKernel",
+                                       "hipEventQuery"};
 
 /* One call; *capturing is set by OP_CHECK. No GIL needed. */
 static int call(Executor *ex, const uint64_t *w, int *capturing) {
@@ -177,6 +183,30 @@ static PyObject *Executor_replay(Executor *ex, PyObject *const *args, Py_ssize_t
     return outcome(failed, 2, code, capturing, python_error);
 }
 
+static PyObject *Executor_copy_record(Executor *ex, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "copy_record(dst, src, nbytes, kind, stream, event)");
+        return NULL;
+    }
+    uint64_t a[6];
+    for (int i = 0; i < 6; i++) a[i] = PyLong_AsUnsignedLongLong(args[i]);
+    if (PyErr_Occurred()) return NULL;
+    uint64_t words[3 * WORDS] = {OP_CHECK, a[4], 0, 0, 0, 0, OP_COPY, a[0], a[1], a[2], a[3], a[4], OP_RECORD, a[5], a[4], 0, 0, 0};
+    Py_ssize_t failed;
+    int capturing, python_error;
+    int code = execute(ex, words, 3, &failed, &capturing, &python_error);
+    return outcome(failed, 3, code, capturing, python_error);
+}
+
+/* Raises make_error(code, the name of entry point fn); returns NULL. */
+static PyObject *raise_code(Executor *ex, int code, int fn) {
+    PyObject *exc = PyObject_CallFunction(ex->make_error, "is", code, (ex->hip ? HIP_NAMES : CUDA_NAMES)[fn]);
+    if (exc == NULL) return NULL;
+    PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    Py_DECREF(exc);
+    return NULL;
+}
+
 static PyObject *Executor_record(Executor *ex, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "record(event, stream)");
@@ -184,24 +214,33 @@ static PyObject *Executor_record(Executor *ex, PyObject *const *args, Py_ssize_t
     }
     uint64_t words[WORDS] = {OP_RECORD, PyLong_AsUnsignedLongLong(args[0]), PyLong_AsUnsignedLongLong(args[1]), 0, 0, 0};
     if (PyErr_Occurred()) return NULL;
-    int capturing;
-    int code = call(ex, words, &capturing); /* short: the GIL stays held */
-    if (code != 0 && code == ex->context_error) {
-        if (make_current(ex) != 0) return NULL;
-        code = call(ex, words, &capturing);
-    }
+    /* The GIL is released: an enqueue can block in the driver behind a stream whose queue is full, and
+     * what drains it (a host call's worker) may need the GIL. */
+    Py_ssize_t failed;
+    int capturing, python_error;
+    int code = execute(ex, words, 1, &failed, &capturing, &python_error);
+    if (python_error) return NULL;
     if (code == 0) Py_RETURN_NONE;
-    PyObject *exc = PyObject_CallFunction(ex->make_error, "is", code, (ex->hip ? HIP_NAMES : CUDA_NAMES)[OP_RECORD]);
-    if (exc == NULL) return NULL;
-    PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
-    Py_DECREF(exc);
-    return NULL;
+    return raise_code(ex, code, OP_RECORD);
+}
+
+static PyObject *Executor_query(Executor *ex, PyObject *arg) {
+    void *event = (void *)(uintptr_t)PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    int code = ((query_fn)ex->fns[FN_QUERY])(event); /* it never blocks: the GIL stays held */
+    if (code != 0 && code != NOT_READY && code == ex->context_error) {
+        if (make_current(ex) != 0) return NULL;
+        code = ((query_fn)ex->fns[FN_QUERY])(event);
+    }
+    if (code == 0) Py_RETURN_TRUE;
+    if (code == NOT_READY) Py_RETURN_FALSE;
+    return raise_code(ex, code, FN_QUERY);
 }
 
 static PyObject *Executor_call_name(Executor *ex, PyObject *arg) {
     long op = PyLong_AsLong(arg);
     if (op == -1 && PyErr_Occurred()) return NULL;
-    if (op < 0 || op >= N_OPS) {
+    if (op < 0 || op >= N_FNS) {
         PyErr_Format(PyExc_ValueError, "unknown op %ld", op);
         return NULL;
     }
@@ -215,11 +254,11 @@ static int Executor_init(Executor *ex, PyObject *args, PyObject *kwds) {
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!pOOi", kwlist, &PyTuple_Type, &addresses, &hip, &make_error, &make_current_fn,
                                      &context_error))
         return -1;
-    if (PyTuple_GET_SIZE(addresses) != N_OPS) {
-        PyErr_Format(PyExc_ValueError, "addresses: %d entry points", N_OPS);
+    if (PyTuple_GET_SIZE(addresses) != N_FNS) {
+        PyErr_Format(PyExc_ValueError, "addresses: %d entry points", N_FNS);
         return -1;
     }
-    for (int i = 0; i < N_OPS; i++) {
+    for (int i = 0; i < N_FNS; i++) {
         void *p = PyLong_AsVoidPtr(PyTuple_GET_ITEM(addresses, i));
         if (p == NULL) {
             if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "addresses[%d] is NULL", i);
@@ -247,7 +286,10 @@ static void Executor_dealloc(Executor *ex) {
 static PyMethodDef Executor_methods[] = {
     {"run", (PyCFunction)Executor_run, METH_O, "run(program) -> None | (index, code)"},
     {"replay", (PyCFunction)(void (*)(void))Executor_replay, METH_FASTCALL, "replay(graph_exec, stream) -> None | (index, code)"},
+    {"copy_record", (PyCFunction)(void (*)(void))Executor_copy_record, METH_FASTCALL,
+     "copy_record(dst, src, nbytes, kind, stream, event) -> None | (index, code)"},
     {"record", (PyCFunction)(void (*)(void))Executor_record, METH_FASTCALL, "record(event, stream); raises make_error(code, call)"},
+    {"query", (PyCFunction)Executor_query, METH_O, "query(event) -> whether it completed; raises make_error(code, call)"},
     {"call_name", (PyCFunction)Executor_call_name, METH_O, "call_name(op) -> the entry point's C name"},
     {NULL, NULL, 0, NULL},
 };
@@ -281,7 +323,7 @@ PyMODINIT_FUNC PyInit__launch_c(void) {
             return NULL;
         }
     }
-    if (PyModule_AddIntConstant(m, "WORDS", WORDS) < 0) {
+    if (PyModule_AddIntConstant(m, "FN_QUERY", FN_QUERY) < 0 || PyModule_AddIntConstant(m, "WORDS", WORDS) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -15,7 +15,10 @@ launch:
   ``index`` were made);
 * :meth:`NativeOps.replay` checks that a stream is not capturing and launches an
   executable graph on it, with the same result;
-* :meth:`NativeOps.record` records an event (raises like ``backend.event_record``).
+* :meth:`NativeOps.copy_record` checks that a stream is not capturing, enqueues a copy
+  on it and records an event after it, with the same result;
+* :meth:`NativeOps.record` records an event and :meth:`NativeOps.query` asks whether one
+  has completed (they raise like ``backend.event_record`` and ``backend.event_query``).
 
 The entry points are the CUDA driver's (``cuMemsetD8Async``, ``cuMemcpyAsync``,
 ...; a thread with no current context gets the device's primary context made
@@ -45,11 +48,11 @@ except ImportError:
 #: The entry points, in the executor's order: the CUDA driver's and HIP's.
 CUDA_ENTRY_POINTS = (
     "cuStreamIsCapturing", "cuMemsetD8Async", "cuMemcpyAsync", "cuLaunchHostFunc", "cuEventRecord", "cuStreamWaitEvent",
-    "cuGraphLaunch", "cuLaunchKernel",
+    "cuGraphLaunch", "cuLaunchKernel", "cuEventQuery",
 )
 HIP_ENTRY_POINTS = (
     "hipStreamIsCapturing", "hipMemsetAsync", "hipMemcpyAsync", "hipLaunchHostFunc", "hipEventRecord", "hipStreamWaitEvent",
-    "hipGraphLaunch", "hipModuleLaunchKernel",
+    "hipGraphLaunch", "hipModuleLaunchKernel", "hipEventQuery",
 )
 
 class Program:
@@ -111,7 +114,7 @@ class Program:
 class NativeOps:
     """The executor of one backend. See the module docstring."""
 
-    __slots__ = ("_backend", "_executor", "_make_error", "_run", "_replay", "record")
+    __slots__ = ("_backend", "_copy_record", "_executor", "_make_error", "_run", "_replay", "query", "record")
 
     def __init__(
         self,
@@ -130,7 +133,9 @@ class NativeOps:
         self._make_error = make_error
         self._run = self._executor.run
         self._replay = self._executor.replay
+        self._copy_record = self._executor.copy_record
         self.record: Callable[[int, int], None] = self._executor.record
+        self.query: Callable[[int], bool] = self._executor.query
 
     def compile(self, stream: int, steps: Iterable[tuple[Callable[..., Any] | None, tuple[Any, ...]]]) -> Program | None:
         """A program that checks ``stream`` is not capturing, then makes ``steps``' calls; ``None`` if one can't be.
@@ -172,6 +177,14 @@ class NativeOps:
         """Launch ``graph_exec`` on ``stream`` unless the stream is capturing: index 0 is the check, 1 the launch."""
         failed = self._replay(graph_exec, stream)
         return None if failed is None else self._failure(_c.OP_GRAPH if failed[0] else _c.OP_CHECK, *failed)
+
+    def copy_record(self, dst: int, src: int, nbytes: int, kind: int, stream: int, event: int) -> tuple[int, BaseException | None] | None:
+        """Unless ``stream`` is capturing (index 0), enqueue the copy (1) on it, then record ``event`` (2) after it.
+
+        ``kind`` is a :class:`~streamrt._backends.protocol.MemcpyKind` value (HIP reads it; CUDA infers it).
+        """
+        failed = self._copy_record(dst, src, nbytes, kind, stream, event)
+        return None if failed is None else self._failure((_c.OP_CHECK, _c.OP_COPY, _c.OP_RECORD)[failed[0]], *failed)
 
     def _failure(self, op: int, index: int, code: int) -> tuple[int, BaseException | None]:
         if code == 0:

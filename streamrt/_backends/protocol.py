@@ -28,7 +28,8 @@ Rules every implementation keeps:
   :class:`~streamrt._backends._native_ops.NativeOps` that makes several of its
   own enqueue calls in one native call (launch plans and graph replays use it;
   the methods stay the reference behaviour, and a wrapper that must see every
-  call, such as the tracing one, sets it to ``None``).
+  call, such as the tracing one, sets it to ``None``). Where it is there,
+  ``event_record`` and ``event_query`` are its native calls too.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from ._shutdown import _abandon_lane, _busy, _default_exit_timeout, _lane_join_t
 from ._statistics import CompletionStatistics
 
 if TYPE_CHECKING:
+    from .._backends._native_ops import NativeOps
     from .._backends.protocol import Backend
 
 __all__ = ["CompletionEngine"]
@@ -211,6 +212,28 @@ class CompletionEngine(_HostCalls):
                 self._check_open()
                 self._backend.event_record(event, stream)
                 lane.push(_Entry(event, callback, None, None, False, unordered=lane._depth > 1))
+            finally:
+                lane._depth -= 1
+
+    def copy_and_watch(
+        self, ops: NativeOps, dst: int, src: int, nbytes: int, kind: int, event: int, stream: int,
+        callback: Callable[[BaseException | None], None],
+    ) -> tuple[int, BaseException | None] | None:
+        """:meth:`record_and_watch` with a copy before the record: ``ops.copy_record`` (the capture check,
+        the copy and the record, one native call), then the event watched as there.
+
+        Returns ``copy_record``'s failure (nothing is then watched; index 0: the stream is capturing and
+        nothing was enqueued), else ``None``. Raises ``ClosedError`` once the engine is closing.
+        """
+        lane = self._lane(stream)
+        with lane.lock:
+            lane._depth += 1
+            try:
+                self._check_open()
+                failed = ops.copy_record(dst, src, nbytes, kind, stream, event)
+                if failed is None:
+                    lane.push(_Entry(event, callback, None, None, False, unordered=lane._depth > 1))
+                return failed
             finally:
                 lane._depth -= 1
 

@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from .._event import Event
     from .._runtime import Runtime
 
-__all__ = ["FetchFuture", "HostCopy", "fetch", "start_copy"]
+__all__ = ["FetchFuture", "HostCopy", "Source", "copy_source", "enqueue_copy", "fetch"]
 
 _H2H = MemcpyKind.HOST_TO_HOST
 D2H = MemcpyKind.DEVICE_TO_HOST
@@ -123,7 +123,7 @@ class FetchFuture(Completion):
 
 
 class HostCopy:
-    """A device-to-host copy enqueued into a pinned staging block (see :func:`start_copy`).
+    """A device-to-host copy enqueued into a pinned staging block (see :func:`enqueue_copy`).
 
     Its owner watches for it to land (an event recorded after it), then reads :meth:`value`
     and calls :meth:`release`; or calls ``release(False)`` at once to drop it, whereupon the
@@ -187,32 +187,97 @@ def fetch(rt: Runtime, tensor: Any, stream: Stream | None = None, *, dtype: Any 
     ``CaptureError`` on a stream that is capturing.
     """
     ctx = context(rt)
-    got = start_copy(rt, ctx, tensor, stream, dtype)
-    if not isinstance(got, HostCopy):
-        return _resolved(got, rt)
-    fut = FetchFuture(got.shape, got.result_dtype)
+    source = copy_source(rt, ctx, tensor, stream, dtype)
+    if isinstance(source, np.ndarray):
+        return _resolved(source, rt)
+    src, kind, nbytes, np_dtype, shape, widen, stream, temp = source
+    ops = getattr(stream._backend, "native_ops", None)
+    native = ops is not None and nbytes
+    if native:  # the capture check, the copy and the watched record: one native call (below)
+        got = HostCopy(rt._host_allocator.allocate(nbytes), nbytes, np_dtype, shape, widen, stream)
+    else:  # the Python twin: the calls one by one
+        got = enqueue_copy(rt, ctx, source, None)
+    fut = FetchFuture(shape, got.result_dtype)
     engine = rt._engine
     fut._notifier = engine._notifier
-    fut._lanes = (got.stream._lane,)  # an await polls the stream's lane
+    fut._lanes = (stream._lane,)  # an await polls the stream's lane
     event = ctx.take_event()
     fut._copy, fut._ctx, fut._watched = got, ctx, event
+    enqueued = True  # unless known otherwise: the staging then goes back once the stream has passed the copy
     try:
-        engine.record_and_watch(event._handle, got.stream._handle, fut._landed)
-    except BaseException:  # nothing watched: the copy may still run
+        if not native:
+            engine.record_and_watch(event._handle, stream._handle, fut._landed)
+        else:
+            if stream._closed:
+                enqueued = False
+                stream._check_open()
+            failed = engine.copy_and_watch(ops, got.staging._ptr, src, nbytes, kind, event._handle, stream._handle, fut._landed)  # type: ignore[arg-type]
+            if failed is not None:
+                enqueued = failed[0] == 2  # the record failed after the copy
+                raise _capturing(stream) if failed[0] == 0 else failed[1]  # type: ignore[misc]
+    except BaseException:  # nothing watched
         fut._copy = fut._ctx = fut._watched = None
-        got.release(False)
+        got.release(not enqueued)
         ctx.give_event(event)
         raise
+    finally:
+        if native and temp is not None:
+            ctx.release_source(temp, stream)
     return fut
 
 
-def start_copy(rt: Runtime, ctx: TorchContext, value: Any, stream: Stream | None, dtype: Any) -> HostCopy | np.ndarray:
-    """Enqueue the device-to-host copy of ``value`` (a tensor, or a Buffer with ``stream``) into staging.
+#: What a copy to the host reads, checked (:func:`copy_source`): ``(address, kind, nbytes, dtype of the
+#: bytes, shape, whether bfloat16 bits widen to float32, stream, simulator temporary or None)``.
+Source = tuple[int, MemcpyKind, int, np.dtype, tuple[int, ...], bool, Stream, Buffer | None]
 
-    Returns the :class:`HostCopy` in flight, or the array itself when the value is already in
-    pageable host memory. Everything is checked before anything is enqueued (``TypeError``,
-    ``ValueError``, ``CaptureError``, ``ClosedError``). For :func:`fetch` and ``MetricsLogger``.
-    """
+
+def enqueue_copy(rt: Runtime, ctx: TorchContext, source: Source, event: Event | None) -> HostCopy:
+    """The capture check, the copy of ``source`` into a new staging block (only this copy uses it; released
+    once it landed) and ``event``'s record, if given: one native call where the stream's backend has native
+    ops, else one by one. Raises before enqueueing anything on a closed or capturing stream. For
+    :func:`fetch` and ``MetricsLogger``."""
+    src, kind, nbytes, np_dtype, shape, widen, stream, temp = source
+    try:
+        if stream._closed:
+            stream._check_open()
+        got = HostCopy(rt._host_allocator.allocate(nbytes or 1), nbytes, np_dtype, shape, widen, stream)
+        in_flight = False
+        try:
+            ops = getattr(stream._backend, "native_ops", None)
+            if ops is not None and nbytes and event is not None:
+                with stream._lock:
+                    if stream._closed:
+                        stream._check_open()
+                    failed = ops.copy_record(got.staging._ptr, src, nbytes, kind, stream._handle, event._handle)
+                if failed is not None:
+                    in_flight = failed[0] == 2  # the record failed after the copy
+                    raise _capturing(stream) if failed[0] == 0 else failed[1]  # type: ignore[misc]
+                event._recorded_on = stream._handle
+            else:
+                if stream._backend.stream_is_capturing(stream._handle):
+                    raise _capturing(stream)
+                if nbytes:
+                    if rt._tracer is not None:
+                        with label("torch.fetch", None):
+                            stream._copy_raw(got.staging._ptr, src, nbytes, kind)
+                    else:
+                        stream._copy_raw(got.staging._ptr, src, nbytes, kind)
+                    in_flight = True
+                if event is not None:
+                    stream._record_raw(event)
+        except BaseException:
+            got.release(not in_flight)
+            raise
+    finally:
+        if temp is not None:
+            ctx.release_source(temp, stream)
+    return got
+
+
+def copy_source(rt: Runtime, ctx: TorchContext, value: Any, stream: Stream | None, dtype: Any) -> Source | np.ndarray:
+    """Check ``value`` (a tensor, or a Buffer with ``stream``) and say what its copy to the host reads, or
+    return the array itself when it is already in pageable host memory. Raises ``TypeError``,
+    ``ValueError`` or ``ClosedError`` with nothing enqueued."""
     if rt._closed:
         rt._check_open()
     if stream is not None:
@@ -252,32 +317,11 @@ def start_copy(rt: Runtime, ctx: TorchContext, value: Any, stream: Stream | None
         value.note_stream(stream)  # its release waits for the copy
     else:
         raise TypeError(f"fetch takes a torch tensor or a streamrt Buffer, not {type(value).__name__}")
-    try:
-        staging = _enqueue(rt, stream, src, kind, nbytes)
-    finally:
-        if temp is not None:
-            ctx.release_source(temp, stream)
-    return HostCopy(staging, nbytes, np_dtype, shape, widen, stream)
+    return src, kind, nbytes, np_dtype, shape, widen, stream, temp
 
 
-def _enqueue(rt: Runtime, stream: Stream, src: int, kind: MemcpyKind, nbytes: int) -> Buffer:
-    """The copy into a new staging block, which only this copy uses (released once it landed)."""
-    if stream._closed:
-        stream._check_open()
-    if stream._backend.stream_is_capturing(stream._handle):
-        raise CaptureError(f"{stream.name} is capturing: fetch the tensor after the graph is launched, not inside the capture")
-    staging = rt._host_allocator.allocate(nbytes or 1)
-    if nbytes:
-        try:
-            if rt._tracer is not None:
-                with label("torch.fetch", None):
-                    stream._copy_raw(staging._ptr, src, nbytes, kind)
-            else:
-                stream._copy_raw(staging._ptr, src, nbytes, kind)
-        except BaseException:
-            staging.release()  # nothing was enqueued
-            raise
-    return staging
+def _capturing(stream: Stream) -> CaptureError:
+    return CaptureError(f"{stream.name} is capturing: fetch the tensor after the graph is launched, not inside the capture")
 
 
 def _resolved(value: np.ndarray, rt: Runtime) -> FetchFuture:

@@ -43,7 +43,7 @@ import numpy as np
 from .._completion import Completion
 from .._errors import ClosedError
 from ._context import TorchContext, context
-from ._fetch import HostCopy, start_copy
+from ._fetch import HostCopy, copy_source, enqueue_copy
 from ._lazy import is_tensor
 
 if TYPE_CHECKING:
@@ -293,14 +293,13 @@ class MetricsLogger:
     def _start(self, value: Any) -> Any:
         if is_tensor(value):
             ctx = self._ctx
-            got = start_copy(self._rt, ctx, value, self._stream, None)
-            if not isinstance(got, HostCopy):
-                return got
+            source = copy_source(self._rt, ctx, value, self._stream, None)
+            if isinstance(source, np.ndarray):
+                return source  # already on the host
             event = ctx.take_event()
             try:
-                got.stream._record_raw(event)
+                got = enqueue_copy(self._rt, ctx, source, event)  # the copy, then the event
             except BaseException:
-                got.release(False)
                 ctx.give_event(event)
                 raise
             return _Landing(got, event)

@@ -63,7 +63,7 @@ class Slot:
 
     __slots__ = (
         "address", "block", "capacity", "cdata", "consumer", "copy_call", "device", "device_block", "device_capacity",
-        "event", "key", "owners", "plan", "program", "refs", "uses", "views",
+        "event", "key", "owners", "plan", "program", "refs", "uses", "views", "wait", "wait_on",
     )
 
     def __init__(self, event: Event) -> None:
@@ -84,6 +84,8 @@ class Slot:
         self.program: Program | None = None  # [the reuse wait,] the copy and the record, as one native call
         self.key: tuple[int, int, int | None] | None = None  # what ``program`` was built for
         self.copy_call = 0  # the copy's index in ``program``
+        self.wait: Program | None = None  # ``wait_on``'s wait for ``event`` (the hand-off), as one native call
+        self.wait_on: Stream | None = None
 
 
 class Slots:
@@ -108,7 +110,6 @@ class Slots:
         if self._owners is None:
             self._storage_uses = None  # no way to tell a held batch: never reuse device memory
         self._progress: Event | None = None  # recorded on a consumer, waited for by the copy stream
-        self._wait: Program | None = None  # a consumer's wait for a slot's event (hand_off)
 
     # -- taking a slot ------------------------------------------------------------------------------
     def take(self, total: int, padded: int) -> Slot:
@@ -189,7 +190,9 @@ class Slots:
             progress = self._progress = self._rt.create_event()
         ops = self._ops
         if ops is not None and stream._capture is None and getattr(stream._backend, "native_ops", None) is not None:
-            with stream._lock if consumer is None else _Both(consumer, stream):
+            # the consumer's lock, then the copy stream's (the order every slot copy takes them in; both
+            # are reentrant, so without a consumer the copy stream's is simply taken twice)
+            with (stream if consumer is None else consumer)._lock, stream._lock:
                 if stream._closed:
                     stream._check_open()
                 if consumer is not None and consumer._closed:
@@ -227,14 +230,13 @@ class Slots:
         ops = self._ops
         if ops is None or consumer._capture is not None or getattr(consumer._backend, "native_ops", None) is None:
             return self._ctx.hand_off(slot.event, consumer, slot.device_block)
-        program = self._wait
-        if program is None:
-            program = self._wait = Program().wait(0, 0)
+        program = slot.wait
+        if program is None or slot.wait_on is not consumer:
+            program = slot.wait = Program().wait(consumer._handle, slot.event._handle)
+            slot.wait_on = consumer
         with consumer._lock:
             if consumer._closed:
                 consumer._check_open()
-            program.set(0, 0, consumer._handle)
-            program.set(0, 1, slot.event._handle)
             failed = ops.run(program)
         if failed is not None:
             raise failed[1]  # type: ignore[misc]
@@ -269,23 +271,3 @@ class Slots:
             self._progress.close()
             self._progress = None
 
-
-class _Both:
-    """The consumer's lock, then the copy stream's (the order every slot copy takes them in)."""
-
-    __slots__ = ("first", "second")
-
-    def __init__(self, first: Stream, second: Stream) -> None:
-        self.first, self.second = first._lock, second._lock
-
-    def __enter__(self) -> None:
-        self.first.acquire()
-        try:
-            self.second.acquire()
-        except BaseException:
-            self.first.release()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        self.second.release()
-        self.first.release()

@@ -139,3 +139,60 @@ def test_fetch_rejects_bad_arguments(trt: srt.Runtime) -> None:
         st.fetch(trt, torch.zeros(2), dtype=np.float32)
     with srt.open_runtime("sim") as other, pytest.raises(ValueError, match="another runtime"):
         st.fetch(trt, torch.zeros(2), other.create_stream())
+
+
+class _CopyRecordOps:
+    """A stand-in for a GPU backend's native ops on the simulator: ``copy_record`` makes the three calls
+    through the simulator and fails where told (``fail_at``: 0 the capture check says capturing, 1 the
+    copy fails, 2 the record fails after the copy)."""
+
+    def __init__(self, backend: object) -> None:
+        self.backend = backend
+        self.calls = 0
+        self.fail_at: int | None = None
+
+    def copy_record(self, dst: int, src: int, nbytes: int, kind: int, stream: int, event: int) -> tuple[int, BaseException | None] | None:
+        self.calls += 1
+        b: object = self.backend
+        if self.fail_at == 0 or b.stream_is_capturing(stream):  # type: ignore[attr-defined]
+            return 0, None
+        if self.fail_at == 1:
+            return 1, srt.BackendError("sim", 1, "E1", "copy failed", "memcpy_async")
+        b.memcpy_async(dst, src, nbytes, srt.MemcpyKind(kind), stream)  # type: ignore[attr-defined]
+        if self.fail_at == 2:
+            return 2, srt.BackendError("sim", 2, "E2", "record failed", "event_record")
+        b.event_record(event, stream)  # type: ignore[attr-defined]
+        return None
+
+
+@pytest.mark.parametrize("helper", ["fetch", "log"])
+def test_the_native_copy_and_record_path_and_its_failures(helper: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the backend has native ops, a fetch (and a logged value) is one ``copy_record`` call; a failure
+    raises, watches nothing, and gives the staging back: at once if nothing was enqueued, else after the copy."""
+    with srt.open_runtime("sim") as rt:
+        ops = _CopyRecordOps(rt.backend)
+        monkeypatch.setattr(rt.backend, "native_ops", ops)
+        x = on_device(rt, torch.arange(6, dtype=torch.float32))
+        logger = st.MetricsLogger(rt, lag=0, sink=None)
+        alloc = rt.host_allocator
+        before = alloc.statistics()
+
+        def call() -> np.ndarray:
+            if helper == "fetch":
+                return st.fetch(rt, x).result(timeout=30)
+            logger.log(len(logger.records), x)
+            logger.flush(30)
+            return logger.records[-1][1]
+
+        assert np.array_equal(call(), np.arange(6, dtype=np.float32)) and ops.calls == 1
+        for fail_at, error in ((0, srt.CaptureError), (1, srt.BackendError), (2, srt.BackendError)):
+            ops.fail_at = fail_at
+            with pytest.raises(error):
+                call()
+            rt.synchronize()
+            assert wait_until(lambda: alloc.statistics().in_use_bytes == before.in_use_bytes)
+            assert wait_until(lambda: alloc.statistics().in_flight_bytes == before.in_flight_bytes)
+        ops.fail_at = None
+        assert np.array_equal(call(), np.arange(6, dtype=np.float32)) and ops.calls == 5
+        assert logger.pending == 0
+        logger.close()

@@ -25,7 +25,7 @@ CONTEXT_ERROR = 201
 
 
 class FakeDriver:
-    """Eight entry points that log ``(name, *args)``; ``codes[name]`` lists the results of successive calls."""
+    """Nine entry points that log ``(name, *args)``; ``codes[name]`` lists the results of successive calls."""
 
     def __init__(self, *, hip: bool) -> None:
         self.log: list[tuple[Any, ...]] = []
@@ -58,6 +58,7 @@ class FakeDriver:
             entry("graph", (_p, _p), lambda g, s: (as_int(g), as_int(s))),
             entry("kernel", (_p, _u, _u, _u, _u, _u, _u, _u, _p, _p, _p),
                   lambda f, gx, gy, gz, bx, by, bz, sm, s, a, e: (as_int(f), (gx, gy, gz), (bx, by, bz), sm, as_int(s), as_int(a), e)),
+            entry("query", (_p,), lambda e: (as_int(e),)),
         ]
 
     def addresses(self) -> list[int]:
@@ -232,6 +233,42 @@ def test_record_raises_the_mapped_error() -> None:
 
 
 @built
+@pytest.mark.parametrize("hip", [False, True])
+def test_copy_record_checks_copies_then_records_or_stops_where_it_failed(hip: bool) -> None:
+    """A fetch's calls in one go: nothing is enqueued on a capturing stream; a failed record names itself."""
+    driver = FakeDriver(hip=hip)
+    ops = ops_over(driver, hip=hip)
+    assert ops.copy_record(0xB000, 0xD000, 4, 2, 0x50, 0xE1) is None
+    copy = ("copy", 0xB000, 0xD000, 4, 2, 0x50) if hip else ("copy", 0xB000, 0xD000, 4, 0x50)
+    assert driver.log == [("is_capturing", 0x50), copy, ("record", 0xE1, 0x50)]
+    driver.log.clear()
+    driver.capturing = 1
+    assert ops.copy_record(0xB000, 0xD000, 4, 2, 0x50, 0xE1) == (0, None)
+    assert driver.log == [("is_capturing", 0x50)]
+    driver.capturing = 0
+    driver.codes["record"] = [709]
+    failed = ops.copy_record(0xB000, 0xD000, 4, 2, 0x50, 0xE1)
+    assert failed is not None and failed[0] == 2
+    assert failed[1].call == ("hipEventRecord" if hip else "cuEventRecord")  # type: ignore[union-attr]
+
+
+@built
+def test_query_reads_completed_not_ready_and_errors() -> None:
+    driver = FakeDriver(hip=False)
+    ops = ops_over(driver)
+    driver.codes["query"] = [0, 600, 400]
+    assert ops.query(0xE1) is True
+    assert ops.query(0xE1) is False
+    with pytest.raises(BackendError) as info:
+        ops.query(0xE1)
+    assert (info.value.code, info.value.call) == (400, "cuEventQuery")
+    driver.codes["query"] = [CONTEXT_ERROR, 0]  # a thread with no current context: made current, asked again
+    made = []
+    assert ops_over(driver, make_current=lambda: made.append(1)).query(0xE2) is True
+    assert made == [1] and driver.log[-2:] == [("query", 0xE2), ("query", 0xE2)]
+
+
+@built
 def test_compile_translates_the_backends_own_calls_and_nothing_else() -> None:
     driver = FakeDriver(hip=False)
 
@@ -269,10 +306,10 @@ def test_bad_programs_and_arguments_are_refused() -> None:
         ops._run(b"\0" * 8)
     with pytest.raises(ValueError, match="unknown op"):
         ops._run(bytes(48 * [0xFF]))
-    with pytest.raises(ValueError, match="8 entry points"):
+    with pytest.raises(ValueError, match="9 entry points"):
         NativeOps([1, 2], hip=False, make_error=make_error)
     with pytest.raises(ValueError, match="NULL"):
-        NativeOps([0] * 8, hip=False, make_error=make_error)
+        NativeOps([0] * 9, hip=False, make_error=make_error)
     with pytest.raises(ValueError, match="do not fit"):
         Program().kernel(0xF, (1, 1 << 16, 1), (32, 1, 1), 0, 0x50, 0xA)
     assert driver.log == []
