@@ -4,7 +4,8 @@
  * program -- a buffer of 6-word records, each one backend call with its arguments -- with the GIL
  * released once for the whole program; replay() checks that a stream is not capturing and launches an
  * executable graph on it; copy_record() checks that a stream is not capturing, enqueues a copy on it and
- * records an event after it; record() records an event; query() asks whether an event has completed. A
+ * records an event after it; record() records an event (record_held() with the GIL kept); query() asks
+ * whether an event has completed. A
  * failing call stops the program: run(), replay() and copy_record() return (index, code) of the failed
  * call, or (index, 0) where a capture check found the stream capturing, and None when every call
  * succeeded. record() and query() raise the error that make_error(code, call) returns.
@@ -207,30 +208,52 @@ static PyObject *raise_code(Executor *ex, int code, int fn) {
     return NULL;
 }
 
-static PyObject *Executor_record(Executor *ex, PyObject *const *args, Py_ssize_t nargs) {
+/* record(event, stream) releases the GIL: an enqueue can block in the driver behind a stream whose queue
+ * is full, and what drains it (a host call's worker) may need the GIL. record_held(event, stream) keeps
+ * it, saving the hand-over, for a caller that accepts that risk (the completion engine's tail records). */
+static PyObject *do_record(Executor *ex, PyObject *const *args, Py_ssize_t nargs, int hold) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "record(event, stream)");
         return NULL;
     }
     uint64_t words[WORDS] = {OP_RECORD, PyLong_AsUnsignedLongLong(args[0]), PyLong_AsUnsignedLongLong(args[1]), 0, 0, 0};
     if (PyErr_Occurred()) return NULL;
-    /* The GIL is released: an enqueue can block in the driver behind a stream whose queue is full, and
-     * what drains it (a host call's worker) may need the GIL. */
-    Py_ssize_t failed;
-    int capturing, python_error;
-    int code = execute(ex, words, 1, &failed, &capturing, &python_error);
-    if (python_error) return NULL;
+    int code;
+    if (hold) {
+        int capturing;
+        code = call(ex, words, &capturing);
+        if (code != 0 && code == ex->context_error) {
+            if (make_current(ex) != 0) return NULL;
+            code = call(ex, words, &capturing);
+        }
+    } else {
+        Py_ssize_t failed;
+        int capturing, python_error;
+        code = execute(ex, words, 1, &failed, &capturing, &python_error);
+        if (python_error) return NULL;
+    }
     if (code == 0) Py_RETURN_NONE;
     return raise_code(ex, code, OP_RECORD);
 }
 
+static PyObject *Executor_record(Executor *ex, PyObject *const *args, Py_ssize_t nargs) { return do_record(ex, args, nargs, 0); }
+
+static PyObject *Executor_record_held(Executor *ex, PyObject *const *args, Py_ssize_t nargs) { return do_record(ex, args, nargs, 1); }
+
+/* query(event): True once the event completed, False while not ready (the GIL is released, as by every
+ * driver call that may wait for a lock another enqueue holds). */
 static PyObject *Executor_query(Executor *ex, PyObject *arg) {
     void *event = (void *)(uintptr_t)PyLong_AsUnsignedLongLong(arg);
     if (PyErr_Occurred()) return NULL;
-    int code = ((query_fn)ex->fns[FN_QUERY])(event); /* it never blocks: the GIL stays held */
+    int code;
+    Py_BEGIN_ALLOW_THREADS
+    code = ((query_fn)ex->fns[FN_QUERY])(event);
+    Py_END_ALLOW_THREADS
     if (code != 0 && code != NOT_READY && code == ex->context_error) {
         if (make_current(ex) != 0) return NULL;
+        Py_BEGIN_ALLOW_THREADS
         code = ((query_fn)ex->fns[FN_QUERY])(event);
+        Py_END_ALLOW_THREADS
     }
     if (code == 0) Py_RETURN_TRUE;
     if (code == NOT_READY) Py_RETURN_FALSE;
@@ -289,6 +312,7 @@ static PyMethodDef Executor_methods[] = {
     {"copy_record", (PyCFunction)(void (*)(void))Executor_copy_record, METH_FASTCALL,
      "copy_record(dst, src, nbytes, kind, stream, event) -> None | (index, code)"},
     {"record", (PyCFunction)(void (*)(void))Executor_record, METH_FASTCALL, "record(event, stream); raises make_error(code, call)"},
+    {"record_held", (PyCFunction)(void (*)(void))Executor_record_held, METH_FASTCALL, "record(event, stream), the GIL kept"},
     {"query", (PyCFunction)Executor_query, METH_O, "query(event) -> whether it completed; raises make_error(code, call)"},
     {"call_name", (PyCFunction)Executor_call_name, METH_O, "call_name(op) -> the entry point's C name"},
     {NULL, NULL, 0, NULL},

@@ -18,7 +18,10 @@ launch:
 * :meth:`NativeOps.copy_record` checks that a stream is not capturing, enqueues a copy
   on it and records an event after it, with the same result;
 * :meth:`NativeOps.record` records an event and :meth:`NativeOps.query` asks whether one
-  has completed (they raise like ``backend.event_record`` and ``backend.event_query``).
+  has completed (they raise like ``backend.event_record`` and ``backend.event_query``, and
+  release the GIL as they do); :meth:`NativeOps.record_held` records with the GIL kept, for
+  the completion engine's tails (no hand-over of the GIL on a launch's path; it blocks every
+  thread should the driver block the call behind a full queue).
 
 The entry points are the CUDA driver's (``cuMemsetD8Async``, ``cuMemcpyAsync``,
 ...; a thread with no current context gets the device's primary context made
@@ -114,7 +117,7 @@ class Program:
 class NativeOps:
     """The executor of one backend. See the module docstring."""
 
-    __slots__ = ("_backend", "_copy_record", "_executor", "_make_error", "_run", "_replay", "query", "record")
+    __slots__ = ("_backend", "_copy_record", "_executor", "_make_error", "_run", "_replay", "query", "record", "record_held")
 
     def __init__(
         self,
@@ -136,6 +139,7 @@ class NativeOps:
         self._copy_record = self._executor.copy_record
         self.record: Callable[[int, int], None] = self._executor.record
         self.query: Callable[[int], bool] = self._executor.query
+        self.record_held: Callable[[int, int], None] = self._executor.record_held
 
     def compile(self, stream: int, steps: Iterable[tuple[Callable[..., Any] | None, tuple[Any, ...]]]) -> Program | None:
         """A program that checks ``stream`` is not capturing, then makes ``steps``' calls; ``None`` if one can't be.

@@ -105,7 +105,7 @@ class CompletionEngine(_HostCalls):
         self._workers: dict[int, Any] = {}  # host-call workers by their `ready` semaphore's address (tracing)
         self._pool = self._events.idle  # popped inline on every launch (see EventPool)
         native = getattr(backend, "native_ops", None)
-        self._record: Callable[[int, int], None] = backend.event_record if native is None else native.record  # tails
+        self._record: Callable[[int, int], None] = backend.event_record if native is None else native.record_held  # tails
         self._host_calls = 0
         self._python_in_flight = 0
         self._holds_guard = False

@@ -151,14 +151,14 @@ def test_torch_event_after_a_running_kernel(cuda_rt: srt.Runtime, torch_cuda: An
     torch = torch_cuda
     side = torch.cuda.Stream()
     x = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda")
+    s = cuda_rt.create_stream()  # made before the kernel: a pinned allocation may take longer than its spin
+    h = cuda_rt.host_allocator.allocate(x.numel())
     torch.cuda.synchronize()
     with torch.cuda.stream(side):
         torch.cuda._sleep(SPIN_CYCLES)
         x.fill_(7)
         done = torch.cuda.Event()
         done.record(side)
-    s = cuda_rt.create_stream()
-    h = cuda_rt.host_allocator.allocate(x.numel())
     t0 = time.perf_counter()
     s.wait(done)
     s.copy(h, cuda_rt.as_buffer(x))

@@ -225,11 +225,15 @@ def test_record_raises_the_mapped_error() -> None:
     driver = FakeDriver(hip=False)
     ops = ops_over(driver)
     ops.record(0xE1, 0x50)
-    driver.codes["record"] = [709]
+    driver.codes["record"] = [709, 710]
     with pytest.raises(BackendError) as info:
         ops.record(0xE2, 0x50)
     assert (info.value.code, info.value.call) == (709, "cuEventRecord")
-    assert driver.log == [("record", 0xE1, 0x50), ("record", 0xE2, 0x50)]
+    with pytest.raises(BackendError) as info:
+        ops.record_held(0xE3, 0x50)  # the same call, the GIL kept
+    assert (info.value.code, info.value.call) == (710, "cuEventRecord")
+    ops.record_held(0xE4, 0x50)
+    assert driver.log == [("record", 0xE1, 0x50), ("record", 0xE2, 0x50), ("record", 0xE3, 0x50), ("record", 0xE4, 0x50)]
 
 
 @built
