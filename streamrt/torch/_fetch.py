@@ -208,10 +208,13 @@ def fetch(rt: Runtime, tensor: Any, stream: Stream | None = None, *, dtype: Any 
         if not native:
             engine.record_and_watch(event._handle, stream._handle, fut._landed)
         else:
-            if stream._closed:
-                enqueued = False
-                stream._check_open()
-            failed = engine.copy_and_watch(ops, got.staging._ptr, src, nbytes, kind, event._handle, stream._handle, fut._landed)  # type: ignore[arg-type]
+            with stream._lock:  # (its lane's lock, which copy_and_watch takes again) a close waits for the call
+                if stream._closed:
+                    enqueued = False
+                    stream._check_open()
+                failed = engine.copy_and_watch(
+                    ops, got.staging._ptr, src, nbytes, kind, event._handle, stream._handle, fut._landed  # type: ignore[arg-type]
+                )
             if failed is not None:
                 enqueued = failed[0] == 2  # the record failed after the copy
                 raise _capturing(stream) if failed[0] == 0 else failed[1]  # type: ignore[misc]
