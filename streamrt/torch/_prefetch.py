@@ -122,14 +122,6 @@ class PrefetchStatistics:
     device_blocks: int = 0
 
 
-class _Staged:
-    __slots__ = ("batch", "slot")
-
-    def __init__(self, batch: Any, slot: Slot) -> None:
-        self.batch = batch
-        self.slot = slot  # its event is recorded after the batch's copy; its views are the batch's leaves
-
-
 class _Plan:
     """How batches of one structure and leaf signature are staged.
 
@@ -205,7 +197,9 @@ class Prefetcher(Iterator[Any]):
         self._owns_stream = stream is None
         self._stream = rt.create_stream(name="prefetch") if stream is None else stream
         self._device_stream = device_stream
-        self._queue: collections.deque[_Staged] = collections.deque()
+        # (batch, slot) staged and not handed out; the slot's event is recorded after the batch's copy,
+        # its views are the batch's leaves
+        self._queue: collections.deque[tuple[Any, Slot]] = collections.deque()
         self._slots = Slots(rt, self._ctx, self._stream, depth + _SPARE_SLOTS, reuse_memory)
         self._plans: dict[Any, _Plan] = {}
         self._exhausted = False
@@ -250,18 +244,16 @@ class Prefetcher(Iterator[Any]):
                 if error is not None:
                     raise error
                 raise StopIteration
-        item = queue.popleft()
+        batch, slot = queue.popleft()
         self._fill()  # the next copies go in before the consumer enqueues its compute
-        ctx = self._ctx
-        consumer = self._device_stream if self._device_stream is not None else ctx.current_stream()
-        slot = item.slot
+        consumer = self._device_stream if self._device_stream is not None else self._ctx.current_stream()
         if self._slots.hand_off(slot, consumer):
             self._host_waits += 1
         if slot.device is not None:
             slot.consumer = consumer  # the block's reuse waits for this stream's work (see _slots)
         self._slots.free.append(slot)
         self._delivered += 1
-        return item.batch
+        return batch
 
     def prefetch(self) -> int:
         """Stage batches now, up to ``depth`` in flight (``next()`` does it too); returns how many are in flight.
@@ -295,7 +287,7 @@ class Prefetcher(Iterator[Any]):
         if self._closed:
             return
         self._closed = True
-        slots = [s.slot for s in self._queue] + list(self._slots.free)
+        slots = [slot for _, slot in self._queue] + list(self._slots.free)
         self._queue = collections.deque()
         self._slots.free.clear()
         self._plans = {}
@@ -329,7 +321,7 @@ class Prefetcher(Iterator[Any]):
             if len(queue) > self._max_in_flight:
                 self._max_in_flight = len(queue)
 
-    def _stage(self, host: Any) -> _Staged:
+    def _stage(self, host: Any) -> tuple[Any, Slot]:
         """Stage one batch: checks first (nothing is allocated for a batch that raises), then the plan's steps."""
         values, structure = flatten(host)
         tensor_type, passes_through = self._tensor_type, self._ctx.passes_through
@@ -356,10 +348,10 @@ class Prefetcher(Iterator[Any]):
             slot = self._enqueue(plan, values)
         self._staged_bytes += plan.total
         if not plan.views:
-            return _Staged(host, slot)
-        for (i, *_), view in zip(plan.views, self._slots.views(slot, plan)):
+            return host, slot
+        for (i, *_), view in zip(plan.views, slot.views if slot.plan is plan else self._slots.views(slot, plan)):
             values[i] = view
-        return _Staged(unflatten(structure, values), slot)
+        return unflatten(structure, values), slot
 
     def _new_plan(self, key: Any, values: list[Any], passes: list[bool]) -> _Plan:
         plans = self._plans

@@ -53,16 +53,11 @@ H2D = MemcpyKind.HOST_TO_DEVICE
 _getrefcount = sys.getrefcount
 
 
-def _refcounts(views: tuple[Any, ...]) -> tuple[int, ...]:
-    """Python references to each view (the slot's own included: compared with the count taken when it was made)."""
-    return tuple(map(_getrefcount, views))
-
-
 class Slot:
     """One staged batch's staging block, device block, views and events. See the module docstring."""
 
     __slots__ = (
-        "address", "block", "capacity", "cdata", "consumer", "copy_call", "device", "device_block", "device_capacity",
+        "address", "block", "capacity", "cdata", "consumer", "copied", "copy_call", "device", "device_block", "device_capacity",
         "event", "key", "owners", "plan", "program", "refs", "uses", "views", "wait", "wait_on",
     )
 
@@ -84,6 +79,7 @@ class Slot:
         self.program: Program | None = None  # [the reuse wait,] the copy and the record, as one native call
         self.key: tuple[int, int, int | None] | None = None  # what ``program`` was built for
         self.copy_call = 0  # the copy's index in ``program``
+        self.copied = 0  # the copy's size in ``program``
         self.wait: Program | None = None  # ``wait_on``'s wait for ``event`` (the hand-off), as one native call
         self.wait_on: Stream | None = None
 
@@ -118,9 +114,16 @@ class Slots:
         else the oldest, its staging and device memory replaced by new blocks."""
         free = self.free
         query = self._stream._backend.event_query
+        uses, owners = self._storage_uses, self._owners
         slot = None
-        for candidate in free:
-            if self._unused(candidate) and query(candidate.event._handle):
+        for candidate in free:  # (the first that ``_unused`` accepts and whose copy has landed; inlined)
+            if candidate.device is not None and (
+                uses is None or uses(candidate.cdata) != candidate.uses
+                or tuple(map(_getrefcount, candidate.views)) != candidate.refs
+                or tuple(map(owners, candidate.views)) != candidate.owners
+            ):
+                continue
+            if query(candidate.event._handle):
                 slot = candidate
                 break
         if slot is not None:
@@ -160,7 +163,7 @@ class Slots:
         if slot.device is None:
             return True
         uses = self._storage_uses
-        if uses is None or uses(slot.cdata) != slot.uses or _refcounts(slot.views) != slot.refs:
+        if uses is None or uses(slot.cdata) != slot.uses or tuple(map(_getrefcount, slot.views)) != slot.refs:
             return False
         return tuple(map(self._owners, slot.views)) == slot.owners
 
@@ -173,7 +176,7 @@ class Slots:
             views = tuple(typed[dtype].as_strided(shape, strides, offset) for _i, dtype, shape, strides, offset in plan.views)
             del typed
             slot.plan, slot.views = plan, views
-            slot.refs = _refcounts(views)
+            slot.refs = tuple(map(_getrefcount, views))  # (the slot's own reference included)
             slot.owners = tuple(map(self._owners, views)) if self._owners is not None else ()
             slot.uses = self._storage_uses(slot.cdata) if self._storage_uses is not None else 0
         return slot.views
@@ -197,9 +200,14 @@ class Slots:
                     stream._check_open()
                 if consumer is not None and consumer._closed:
                     consumer._check_open()
-                program = self._program(slot, consumer)
-                program.set(slot.copy_call, 2, total)
-                failed = ops.run(program)
+                program = slot.program
+                key = (slot.block._ptr, slot.address, None if consumer is None else consumer._handle)  # type: ignore[union-attr]
+                if slot.key != key:
+                    program = self._program(slot, consumer, key)
+                if slot.copied != total:
+                    program.set(slot.copy_call, 2, total)  # type: ignore[union-attr]
+                    slot.copied = total
+                failed = ops.run(program)  # type: ignore[arg-type]
                 if failed is not None:
                     raise failed[1]  # type: ignore[misc]
                 slot.event._recorded_on = stream._handle
@@ -211,18 +219,17 @@ class Slots:
             stream._record_raw(slot.event)
         slot.consumer = None  # ordered: the next reuse waits for whoever consumes this batch
 
-    def _program(self, slot: Slot, consumer: Stream | None) -> Program:
-        key = (slot.block._ptr, slot.address, None if consumer is None else consumer._handle)  # type: ignore[union-attr]
-        if slot.key != key:
-            handle = self._stream._handle
-            program = Program()
-            if consumer is not None:  # (its handle may be 0: the legacy default stream)
-                progress = self._progress._handle  # type: ignore[union-attr]
-                program.record(progress, consumer._handle).wait(handle, progress)
-            slot.copy_call = len(program)
-            slot.program = program.copy(slot.address, slot.block._ptr, 0, H2D, handle).record(slot.event._handle, handle)  # type: ignore[union-attr]
-            slot.key = key
-        return slot.program  # type: ignore[return-value]
+    def _program(self, slot: Slot, consumer: Stream | None, key: tuple[int, int, int | None]) -> Program:
+        """The slot's copy program for ``key`` (its staging, its device memory, the consumer's handle)."""
+        handle = self._stream._handle
+        program = Program()
+        if consumer is not None:  # (its handle may be 0: the legacy default stream)
+            progress = self._progress._handle  # type: ignore[union-attr]
+            program.record(progress, consumer._handle).wait(handle, progress)
+        slot.copy_call = len(program)
+        slot.program = program.copy(slot.address, slot.block._ptr, 0, H2D, handle).record(slot.event._handle, handle)  # type: ignore[union-attr]
+        slot.key, slot.copied = key, 0
+        return slot.program
 
     def hand_off(self, slot: Slot, consumer: Stream) -> bool:
         """``consumer`` waits for the slot's event (see :meth:`~._context.TorchContext.hand_off`): one native

@@ -41,6 +41,14 @@ def flatten(obj: Any) -> tuple[list[Any], Any]:
     if type(obj) is not dict and (type(obj) in _ENDS or not isinstance(obj, _CONTAINERS)):
         values.append(obj)
         return values, _END
+    if type(obj) is dict:  # a flat dict (a batch's usual shape): its structure without the walk
+        values.extend(obj.values())
+        for value in values:
+            if type(value) not in _ENDS and isinstance(value, _CONTAINERS):
+                values.clear()
+                break
+        else:
+            return values, (_DICT, dict, tuple(obj), (_END,) * len(values), True)
     return values, _flatten(obj, values)
 
 
@@ -71,6 +79,8 @@ def unflatten(structure: Any, values: list[Any]) -> Any:
     """The batch of ``structure`` (from :func:`flatten`) with ``values`` at its ends, in order."""
     if structure is _END:
         return values[0]
+    if structure[0] == _DICT and structure[4]:  # a flat dict
+        return dict(zip(structure[2], values))
     return _build(structure, values, 0)[0]
 
 
