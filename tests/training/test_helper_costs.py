@@ -107,3 +107,20 @@ def test_a_dropped_logger_gives_its_staging_back(sim_rt: srt.Runtime) -> None:
     del logger
     sim_rt.releaser.drain()
     assert alloc.statistics().in_use_bytes == base
+
+
+def test_a_cold_sample_times_each_call_alone_after_the_stand_in_step() -> None:
+    """``helper_costs.py --cold``: the stand-in step runs before every timed call, and only the call is timed."""
+    _helper_calls()  # (puts demos/bench on the path)
+    spec = importlib.util.spec_from_file_location("helper_costs", ROOT / "demos" / "bench" / "helper_costs.py")
+    assert spec is not None and spec.loader is not None
+    costs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(costs)
+    order: list[str] = []
+    settled: list[bool] = []
+    slow_evict = lambda: (order.append("evict"), __import__("time").sleep(0.002))  # noqa: E731
+    us = costs.sample(lambda: order.append("call"), 5, lambda: settled.append(True), slow_evict)
+    assert order == ["evict", "call"] * 5 and settled == [True]
+    assert us < 1000  # the 2 ms stand-in is not in the figure
+    step = costs.evictor()
+    step()  # a CPU torch forward and backward
