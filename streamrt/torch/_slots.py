@@ -114,16 +114,9 @@ class Slots:
         else the oldest, its staging and device memory replaced by new blocks."""
         free = self.free
         query = self._stream._backend.event_query
-        uses, owners = self._storage_uses, self._owners
         slot = None
-        for candidate in free:  # (the first that ``_unused`` accepts and whose copy has landed; inlined)
-            if candidate.device is not None and (
-                uses is None or uses(candidate.cdata) != candidate.uses
-                or tuple(map(_getrefcount, candidate.views)) != candidate.refs
-                or tuple(map(owners, candidate.views)) != candidate.owners
-            ):
-                continue
-            if query(candidate.event._handle):
+        for candidate in free:
+            if self._unused(candidate) and query(candidate.event._handle):
                 slot = candidate
                 break
         if slot is not None:
