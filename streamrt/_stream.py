@@ -367,6 +367,30 @@ class Stream:
                 self._capture.used(event)
         return event
 
+    def _copy_record_raw(self, dst: int, src: int, nbytes: int, kind: MemcpyKind, event: Event) -> bool:
+        """Unless the stream is capturing (``False``: nothing enqueued), copy ``nbytes`` bytes (none: no copy),
+        then record ``event`` (open, of this runtime): one native call where the backend has native ops,
+        else one call each. Raises the backend's error; the copy may then be in flight."""
+        with self._lock:
+            if self._closed:
+                self._check_open()
+            backend = self._backend
+            ops = getattr(backend, "native_ops", None)
+            if ops is not None and nbytes:
+                failed = ops.copy_record(dst, src, nbytes, kind, self._handle, event._handle)
+                if failed is not None:
+                    if failed[1] is None:
+                        return False
+                    raise failed[1]
+            else:
+                if backend.stream_is_capturing(self._handle):
+                    return False
+                if nbytes:
+                    backend.memcpy_async(dst, src, nbytes, kind, self._handle)
+                backend.event_record(event._handle, self._handle)
+            event._recorded_on = self._handle
+        return True
+
     def _wait_raw(self, event: Event) -> None:
         """Make later work wait for ``event`` (open, of this backend instance)."""
         with self._lock:

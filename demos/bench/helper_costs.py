@@ -21,9 +21,8 @@ Futures are resolved and staging given back between the timed stretches, not ins
 
 ``--cold`` times each call on its own right after a stand-in for a training step's host work
 (a CPU torch forward and backward of a small MLP, which leaves the helper's code and data
-out of the CPU's caches, as a loop's step does), the median over the calls of a sample. A
-helper called once per step runs cold: a piece of Python that takes 1.6 µs back to back took
-10 µs right after such a step on the development machine.
+out of the CPU's caches, as a loop's step does), the median over the calls of a sample: a
+helper called once per step runs cold.
 
     PYTHONPATH=. python demos/bench/helper_costs.py --backend cuda --out helper_costs.json
     python demos/bench/helper_costs.py --backend sim --device cpu     # functional run (CI)

@@ -27,7 +27,6 @@ from ._shutdown import _abandon_lane, _busy, _default_exit_timeout, _lane_join_t
 from ._statistics import CompletionStatistics
 
 if TYPE_CHECKING:
-    from .._backends._native_ops import NativeOps
     from .._backends.protocol import Backend
 
 __all__ = ["CompletionEngine"]
@@ -196,44 +195,31 @@ class CompletionEngine(_HostCalls):
         if self._closing:
             raise ClosedError("the completion engine (runtime) is closed")
 
-    def record_and_watch(self, event: int, stream: int, callback: Callable[[BaseException | None], None]) -> None:
+    def record_and_watch(
+        self, event: int, stream: int, callback: Callable[[BaseException | None], None],
+        enqueue: Callable[..., None] | None = None, args: tuple[Any, ...] = (),
+    ) -> None:
         """Record ``event`` on ``stream`` and call ``callback(None)`` on its lane's thread once it completes.
 
         ``event`` must be blocking-sync; the caller keeps it alive, and does
         not record it again, until the callback ran. ``callback(error)`` gets
         the exception if waiting for the event raised. Callbacks of one lane
-        run in the order they were watched. Raises the backend's error if the
-        event could not be recorded (nothing is then watched).
+        run in the order they were watched. ``enqueue(*args)``, if given, makes
+        the record instead, with whatever it enqueues before it (a copy and its
+        record in one native call, say), under the stream's enqueue lock. Raises
+        the backend's error (or ``enqueue``'s) if the event could not be
+        recorded: nothing is then watched.
         """
         lane = self._lane(stream)
         with lane.lock:
             lane._depth += 1  # a record-and-push section (see _Lane, "Order")
             try:
                 self._check_open()
-                self._backend.event_record(event, stream)
+                if enqueue is None:
+                    self._backend.event_record(event, stream)
+                else:
+                    enqueue(*args)
                 lane.push(_Entry(event, callback, None, None, False, unordered=lane._depth > 1))
-            finally:
-                lane._depth -= 1
-
-    def copy_and_watch(
-        self, ops: NativeOps, dst: int, src: int, nbytes: int, kind: int, event: int, stream: int,
-        callback: Callable[[BaseException | None], None],
-    ) -> tuple[int, BaseException | None] | None:
-        """:meth:`record_and_watch` with a copy before the record: ``ops.copy_record`` (the capture check,
-        the copy and the record, one native call), then the event watched as there.
-
-        Returns ``copy_record``'s failure (nothing is then watched; index 0: the stream is capturing and
-        nothing was enqueued), else ``None``. Raises ``ClosedError`` once the engine is closing.
-        """
-        lane = self._lane(stream)
-        with lane.lock:
-            lane._depth += 1
-            try:
-                self._check_open()
-                failed = ops.copy_record(dst, src, nbytes, kind, stream, event)
-                if failed is None:
-                    lane.push(_Entry(event, callback, None, None, False, unordered=lane._depth > 1))
-                return failed
             finally:
                 lane._depth -= 1
 

@@ -123,7 +123,8 @@ class FetchFuture(Completion):
 
 
 class HostCopy:
-    """A device-to-host copy enqueued into a pinned staging block (see :func:`enqueue_copy`).
+    """A device-to-host copy of ``source`` (:func:`copy_source`) into a new pinned staging block of
+    ``rt.host_allocator``, which only this copy uses; :func:`enqueue_copy` enqueues it.
 
     Its owner watches for it to land (an event recorded after it), then reads :meth:`value`
     and calls :meth:`release`; or calls ``release(False)`` at once to drop it, whereupon the
@@ -132,13 +133,10 @@ class HostCopy:
 
     __slots__ = ("dtype", "nbytes", "shape", "staging", "stream", "widen")
 
-    def __init__(self, staging: Buffer, nbytes: int, dtype: np.dtype, shape: tuple[int, ...], widen: bool, stream: Stream) -> None:
-        self.staging = staging
+    def __init__(self, rt: Runtime, source: Source) -> None:
+        _, _, nbytes, self.dtype, self.shape, self.widen, self.stream, _ = source  # (dtype: of the bytes)
         self.nbytes = nbytes
-        self.dtype = dtype  # of the bytes
-        self.shape = shape
-        self.widen = widen  # bfloat16 bits, widened to float32
-        self.stream = stream
+        self.staging = rt._host_allocator.allocate(nbytes or 1)
 
     @property
     def result_dtype(self) -> np.dtype:
@@ -190,41 +188,23 @@ def fetch(rt: Runtime, tensor: Any, stream: Stream | None = None, *, dtype: Any 
     source = copy_source(rt, ctx, tensor, stream, dtype)
     if isinstance(source, np.ndarray):
         return _resolved(source, rt)
-    src, kind, nbytes, np_dtype, shape, widen, stream, temp = source
-    ops = getattr(stream._backend, "native_ops", None)
-    native = ops is not None and nbytes
-    if native:  # the capture check, the copy and the watched record: one native call (below)
-        got = HostCopy(rt._host_allocator.allocate(nbytes), nbytes, np_dtype, shape, widen, stream)
-    else:  # the Python twin: the calls one by one
-        got = enqueue_copy(rt, ctx, source, None)
-    fut = FetchFuture(shape, got.result_dtype)
+    stream, temp = source[6], source[7]
+    got = HostCopy(rt, source)
+    fut = FetchFuture(got.shape, got.result_dtype)
     engine = rt._engine
     fut._notifier = engine._notifier
     fut._lanes = (stream._lane,)  # an await polls the stream's lane
     event = ctx.take_event()
     fut._copy, fut._ctx, fut._watched = got, ctx, event
-    enqueued = True  # unless known otherwise: the staging then goes back once the stream has passed the copy
-    try:
-        if not native:
-            engine.record_and_watch(event._handle, stream._handle, fut._landed)
-        else:
-            with stream._lock:  # (its lane's lock, which copy_and_watch takes again) a close waits for the call
-                if stream._closed:
-                    enqueued = False
-                    stream._check_open()
-                failed = engine.copy_and_watch(
-                    ops, got.staging._ptr, src, nbytes, kind, event._handle, stream._handle, fut._landed  # type: ignore[arg-type]
-                )
-            if failed is not None:
-                enqueued = failed[0] == 2  # the record failed after the copy
-                raise _capturing(stream) if failed[0] == 0 else failed[1]  # type: ignore[misc]
-    except BaseException:  # nothing watched
+    try:  # the copy and the watched record (one native call on cuda and hip)
+        engine.record_and_watch(event._handle, stream._handle, fut._landed, enqueue_copy, (rt, got, source, event))
+    except BaseException:  # nothing watched: the copy may still run
         fut._copy = fut._ctx = fut._watched = None
-        got.release(not enqueued)
+        got.release(False)
         ctx.give_event(event)
         raise
     finally:
-        if native and temp is not None:
+        if temp is not None:
             ctx.release_source(temp, stream)
     return fut
 
@@ -234,47 +214,19 @@ def fetch(rt: Runtime, tensor: Any, stream: Stream | None = None, *, dtype: Any 
 Source = tuple[int, MemcpyKind, int, np.dtype, tuple[int, ...], bool, Stream, Buffer | None]
 
 
-def enqueue_copy(rt: Runtime, ctx: TorchContext, source: Source, event: Event | None) -> HostCopy:
-    """The capture check, the copy of ``source`` into a new staging block (only this copy uses it; released
-    once it landed) and ``event``'s record, if given: one native call where the stream's backend has native
-    ops, else one by one. Raises before enqueueing anything on a closed or capturing stream. For
-    :func:`fetch` and ``MetricsLogger``."""
-    src, kind, nbytes, np_dtype, shape, widen, stream, temp = source
-    try:
-        if stream._closed:
-            stream._check_open()
-        got = HostCopy(rt._host_allocator.allocate(nbytes or 1), nbytes, np_dtype, shape, widen, stream)
-        in_flight = False
-        try:
-            ops = getattr(stream._backend, "native_ops", None)
-            if ops is not None and nbytes and event is not None:
-                with stream._lock:
-                    if stream._closed:
-                        stream._check_open()
-                    failed = ops.copy_record(got.staging._ptr, src, nbytes, kind, stream._handle, event._handle)
-                if failed is not None:
-                    in_flight = failed[0] == 2  # the record failed after the copy
-                    raise _capturing(stream) if failed[0] == 0 else failed[1]  # type: ignore[misc]
-                event._recorded_on = stream._handle
-            else:
-                if stream._backend.stream_is_capturing(stream._handle):
-                    raise _capturing(stream)
-                if nbytes:
-                    if rt._tracer is not None:
-                        with label("torch.fetch", None):
-                            stream._copy_raw(got.staging._ptr, src, nbytes, kind)
-                    else:
-                        stream._copy_raw(got.staging._ptr, src, nbytes, kind)
-                    in_flight = True
-                if event is not None:
-                    stream._record_raw(event)
-        except BaseException:
-            got.release(not in_flight)
-            raise
-    finally:
-        if temp is not None:
-            ctx.release_source(temp, stream)
-    return got
+def enqueue_copy(rt: Runtime, got: HostCopy, source: Source, event: Event) -> None:
+    """Enqueue ``source``'s copy into ``got``'s staging, then ``event``'s record (``Stream._copy_record_raw``).
+
+    Raises ``CaptureError`` on a capturing stream (nothing enqueued), else the backend's error; the caller
+    then releases ``got`` with ``release(False)``. For :func:`fetch` and ``MetricsLogger``."""
+    stream = source[6]
+    if rt._tracer is not None:
+        with label("torch.fetch", None):
+            recorded = stream._copy_record_raw(got.staging._ptr, source[0], source[2], source[1], event)
+    else:
+        recorded = stream._copy_record_raw(got.staging._ptr, source[0], source[2], source[1], event)
+    if not recorded:
+        raise CaptureError(f"{stream.name} is capturing: fetch the tensor after the graph is launched, not inside the capture")
 
 
 def copy_source(rt: Runtime, ctx: TorchContext, value: Any, stream: Stream | None, dtype: Any) -> Source | np.ndarray:
@@ -321,10 +273,6 @@ def copy_source(rt: Runtime, ctx: TorchContext, value: Any, stream: Stream | Non
     else:
         raise TypeError(f"fetch takes a torch tensor or a streamrt Buffer, not {type(value).__name__}")
     return src, kind, nbytes, np_dtype, shape, widen, stream, temp
-
-
-def _capturing(stream: Stream) -> CaptureError:
-    return CaptureError(f"{stream.name} is capturing: fetch the tensor after the graph is launched, not inside the capture")
 
 
 def _resolved(value: np.ndarray, rt: Runtime) -> FetchFuture:

@@ -296,12 +296,17 @@ class MetricsLogger:
             source = copy_source(self._rt, ctx, value, self._stream, None)
             if isinstance(source, np.ndarray):
                 return source  # already on the host
+            got = HostCopy(self._rt, source)
             event = ctx.take_event()
             try:
-                got = enqueue_copy(self._rt, ctx, source, event)  # the copy, then the event
+                enqueue_copy(self._rt, got, source, event)  # the copy, then the event
             except BaseException:
+                got.release(False)
                 ctx.give_event(event)
                 raise
+            finally:
+                if source[7] is not None:
+                    ctx.release_source(source[7], source[6])
             return _Landing(got, event)
         if isinstance(value, Completion):
             raise TypeError("log a tensor (or a number), not a future")

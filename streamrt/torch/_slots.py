@@ -57,7 +57,7 @@ class Slot:
     """One staged batch's staging block, device block, views and events. See the module docstring."""
 
     __slots__ = (
-        "address", "block", "capacity", "cdata", "consumer", "copied", "copy_call", "device", "device_block", "device_capacity",
+        "address", "block", "capacity", "cdata", "consumer", "copy_call", "device", "device_block", "device_capacity",
         "event", "key", "owners", "plan", "program", "refs", "uses", "views", "wait", "wait_on",
     )
 
@@ -79,7 +79,6 @@ class Slot:
         self.program: Program | None = None  # [the reuse wait,] the copy and the record, as one native call
         self.key: tuple[int, int, int | None] | None = None  # what ``program`` was built for
         self.copy_call = 0  # the copy's index in ``program``
-        self.copied = 0  # the copy's size in ``program``
         self.wait: Program | None = None  # ``wait_on``'s wait for ``event`` (the hand-off), as one native call
         self.wait_on: Stream | None = None
 
@@ -197,9 +196,7 @@ class Slots:
                 key = (slot.block._ptr, slot.address, None if consumer is None else consumer._handle)  # type: ignore[union-attr]
                 if slot.key != key:
                     program = self._program(slot, consumer, key)
-                if slot.copied != total:
-                    program.set(slot.copy_call, 2, total)  # type: ignore[union-attr]
-                    slot.copied = total
+                program.set(slot.copy_call, 2, total)  # type: ignore[union-attr]
                 failed = ops.run(program)  # type: ignore[arg-type]
                 if failed is not None:
                     raise failed[1]  # type: ignore[misc]
@@ -221,7 +218,7 @@ class Slots:
             program.record(progress, consumer._handle).wait(handle, progress)
         slot.copy_call = len(program)
         slot.program = program.copy(slot.address, slot.block._ptr, 0, H2D, handle).record(slot.event._handle, handle)  # type: ignore[union-attr]
-        slot.key, slot.copied = key, 0
+        slot.key = key
         return slot.program
 
     def hand_off(self, slot: Slot, consumer: Stream) -> bool:
