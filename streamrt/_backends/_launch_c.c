@@ -1,14 +1,15 @@
 /* _launch_c.c: a launch's driver calls made in one call from Python (streamrt._backends._native_ops).
  *
- * An Executor holds the addresses of nine CUDA driver (or HIP runtime) entry points. run() executes a
+ * An Executor holds the addresses of ten CUDA driver (or HIP runtime) entry points. run() executes a
  * program -- a buffer of 6-word records, each one backend call with its arguments -- with the GIL
- * released once for the whole program; replay() checks that a stream is not capturing and launches an
- * executable graph on it; copy_record() checks that a stream is not capturing, enqueues a copy on it and
- * records an event after it; record() records an event (record_held() with the GIL kept); query() asks
- * whether an event has completed. A
- * failing call stops the program: run(), replay() and copy_record() return (index, code) of the failed
- * call, or (index, 0) where a capture check found the stream capturing, and None when every call
- * succeeded. record() and query() raise the error that make_error(code, call) returns.
+ * released once for the whole program; replay() checks that a stream is not capturing, launches an
+ * executable graph on it and, given an event, records it after the graph; copy_record() checks that a
+ * stream is not capturing, enqueues a copy on it and records an event after it; record() records an
+ * event (record_held() with the GIL kept); query() asks whether an event has completed; synchronize()
+ * waits for one (GIL released). A failing call stops the program: run(), replay() and copy_record()
+ * return (index, code) of the failed call, or (index, 0) where a capture check found the stream
+ * capturing, and None when every call succeeded. record(), query() and synchronize() raise the error
+ * that make_error(code, call) returns.
  *
  * On CUDA a driver call made on a thread with no current context returns CUDA_ERROR_INVALID_CONTEXT:
  * the Executor then calls make_current() (with the GIL) once and retries the call (context_error = 0:
@@ -31,8 +32,9 @@
 #include <stdint.h>
 
 enum { OP_CHECK, OP_MEMSET, OP_COPY, OP_HOST, OP_RECORD, OP_WAIT, OP_GRAPH, OP_KERNEL, N_OPS };
-#define FN_QUERY N_OPS /* the event query: an entry point, not a program op */
-#define N_FNS (N_OPS + 1)
+#define FN_QUERY N_OPS      /* the event query and wait: entry points, not program ops */
+#define FN_SYNC (N_OPS + 1)
+#define N_FNS (N_OPS + 2)
 #define WORDS 6
 #define NOT_READY 600 /* CUDA_ERROR_NOT_READY and hipErrorNotReady */
 
@@ -45,13 +47,13 @@ typedef int (*host_fn)(void *stream, void (*fn)(void *), void *data);
 typedef int (*record_fn)(void *event, void *stream);
 typedef int (*wait_fn)(void *stream, void *event, unsigned int flags);
 typedef int (*graph_fn)(void *exec, void *stream);
-typedef int (*query_fn)(void *event);
+typedef int (*query_fn)(void *event); /* also the event wait's signature */
 typedef int (*kernel_fn)(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shmem,
                          void *stream, void **params, void **extra);
 
 typedef struct {
     PyObject_HEAD
-    void *fns[N_FNS]; /* is_capturing, memset, copy, host, record, wait, graph_launch, kernel launch, event query */
+    void *fns[N_FNS]; /* is_capturing, memset, copy, host, record, wait, graph_launch, kernel launch, event query, event wait */
     int hip;
     int context_error;
     PyObject *make_error;   /* (code, call) -> exception */
@@ -59,10 +61,11 @@ typedef struct {
 } Executor;
 
 static const char *CUDA_NAMES[N_FNS] = {"cuStreamIsCapturing", "cuMemsetD8Async", "cuMemcpyAsync", "cuLaunchHostFunc",
-                                        "cuEventRecord", "cuStreamWaitEvent", "cuGraphLaunch", "cuLaunchKernel", "cuEventQuery"};
+                                        "cuEventRecord", "cuStreamWaitEvent", "cuGraphLaunch", "cuLaunchKernel", "cuEventQuery",
+                                        "cuEventSynchronize"};
 static const char *HIP_NAMES[N_FNS] = {"hipStreamIsCapturing", "hipMemsetAsync", "hipMemcpyAsync", "hipLaunchHostFunc",
                                        "hipEventRecord", "hipStreamWaitEvent", "hipGraphLaunch", "hipModuleLaunchKernel",
-                                       "hipEventQuery"};
+                                       "hipEventQuery", "hipEventSynchronize"};
 
 /* One call; *capturing is set by OP_CHECK. No GIL needed. */
 static int call(Executor *ex, const uint64_t *w, int *capturing) {
@@ -169,19 +172,21 @@ static PyObject *Executor_run(Executor *ex, PyObject *arg) {
     return outcome(failed, n, code, capturing, python_error);
 }
 
+/* replay(graph_exec, stream[, event]): the check, the launch, and the event's record where one is given. */
 static PyObject *Executor_replay(Executor *ex, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "replay(graph_exec, stream)");
+    if (nargs != 2 && nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "replay(graph_exec, stream[, event])");
         return NULL;
     }
     uint64_t exec = PyLong_AsUnsignedLongLong(args[0]);
     uint64_t stream = PyLong_AsUnsignedLongLong(args[1]);
+    uint64_t event = nargs == 3 ? PyLong_AsUnsignedLongLong(args[2]) : 0;
     if (PyErr_Occurred()) return NULL;
-    uint64_t words[2 * WORDS] = {OP_CHECK, stream, 0, 0, 0, 0, OP_GRAPH, exec, stream, 0, 0, 0};
-    Py_ssize_t failed;
+    uint64_t words[3 * WORDS] = {OP_CHECK, stream, 0, 0, 0, 0, OP_GRAPH, exec, stream, 0, 0, 0, OP_RECORD, event, stream, 0, 0, 0};
+    Py_ssize_t n = nargs, failed;
     int capturing, python_error;
-    int code = execute(ex, words, 2, &failed, &capturing, &python_error);
-    return outcome(failed, 2, code, capturing, python_error);
+    int code = execute(ex, words, n, &failed, &capturing, &python_error);
+    return outcome(failed, n, code, capturing, python_error);
 }
 
 static PyObject *Executor_copy_record(Executor *ex, PyObject *const *args, Py_ssize_t nargs) {
@@ -240,24 +245,40 @@ static PyObject *Executor_record(Executor *ex, PyObject *const *args, Py_ssize_t
 
 static PyObject *Executor_record_held(Executor *ex, PyObject *const *args, Py_ssize_t nargs) { return do_record(ex, args, nargs, 1); }
 
+/* Calls entry point fn (query or synchronize) on the event with the GIL released, made current and retried
+ * once on a thread with no current context; the call's code, or -1 with a Python error set. */
+static int event_call(Executor *ex, PyObject *arg, int fn) {
+    void *event = (void *)(uintptr_t)PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred()) return -1;
+    int code;
+    Py_BEGIN_ALLOW_THREADS
+    code = ((query_fn)ex->fns[fn])(event);
+    Py_END_ALLOW_THREADS
+    if (code != 0 && code != NOT_READY && code == ex->context_error) {
+        if (make_current(ex) != 0) return -1;
+        Py_BEGIN_ALLOW_THREADS
+        code = ((query_fn)ex->fns[fn])(event);
+        Py_END_ALLOW_THREADS
+    }
+    return code;
+}
+
 /* query(event): True once the event completed, False while not ready (the GIL is released, as by every
  * driver call that may wait for a lock another enqueue holds). */
 static PyObject *Executor_query(Executor *ex, PyObject *arg) {
-    void *event = (void *)(uintptr_t)PyLong_AsUnsignedLongLong(arg);
-    if (PyErr_Occurred()) return NULL;
-    int code;
-    Py_BEGIN_ALLOW_THREADS
-    code = ((query_fn)ex->fns[FN_QUERY])(event);
-    Py_END_ALLOW_THREADS
-    if (code != 0 && code != NOT_READY && code == ex->context_error) {
-        if (make_current(ex) != 0) return NULL;
-        Py_BEGIN_ALLOW_THREADS
-        code = ((query_fn)ex->fns[FN_QUERY])(event);
-        Py_END_ALLOW_THREADS
-    }
+    int code = event_call(ex, arg, FN_QUERY);
+    if (code == -1) return NULL;
     if (code == 0) Py_RETURN_TRUE;
     if (code == NOT_READY) Py_RETURN_FALSE;
     return raise_code(ex, code, FN_QUERY);
+}
+
+/* synchronize(event): returns once the event completed (GIL released while it waits). */
+static PyObject *Executor_synchronize(Executor *ex, PyObject *arg) {
+    int code = event_call(ex, arg, FN_SYNC);
+    if (code == -1) return NULL;
+    if (code == 0) Py_RETURN_NONE;
+    return raise_code(ex, code, FN_SYNC);
 }
 
 static PyObject *Executor_call_name(Executor *ex, PyObject *arg) {
@@ -308,12 +329,14 @@ static void Executor_dealloc(Executor *ex) {
 
 static PyMethodDef Executor_methods[] = {
     {"run", (PyCFunction)Executor_run, METH_O, "run(program) -> None | (index, code)"},
-    {"replay", (PyCFunction)(void (*)(void))Executor_replay, METH_FASTCALL, "replay(graph_exec, stream) -> None | (index, code)"},
+    {"replay", (PyCFunction)(void (*)(void))Executor_replay, METH_FASTCALL,
+     "replay(graph_exec, stream[, event]) -> None | (index, code)"},
     {"copy_record", (PyCFunction)(void (*)(void))Executor_copy_record, METH_FASTCALL,
      "copy_record(dst, src, nbytes, kind, stream, event) -> None | (index, code)"},
     {"record", (PyCFunction)(void (*)(void))Executor_record, METH_FASTCALL, "record(event, stream); raises make_error(code, call)"},
     {"record_held", (PyCFunction)(void (*)(void))Executor_record_held, METH_FASTCALL, "record(event, stream), the GIL kept"},
     {"query", (PyCFunction)Executor_query, METH_O, "query(event) -> whether it completed; raises make_error(code, call)"},
+    {"synchronize", (PyCFunction)Executor_synchronize, METH_O, "synchronize(event): waits for it; raises make_error(code, call)"},
     {"call_name", (PyCFunction)Executor_call_name, METH_O, "call_name(op) -> the entry point's C name"},
     {NULL, NULL, 0, NULL},
 };
@@ -347,7 +370,8 @@ PyMODINIT_FUNC PyInit__launch_c(void) {
             return NULL;
         }
     }
-    if (PyModule_AddIntConstant(m, "FN_QUERY", FN_QUERY) < 0 || PyModule_AddIntConstant(m, "WORDS", WORDS) < 0) {
+    if (PyModule_AddIntConstant(m, "FN_QUERY", FN_QUERY) < 0 || PyModule_AddIntConstant(m, "FN_SYNC", FN_SYNC) < 0 ||
+        PyModule_AddIntConstant(m, "WORDS", WORDS) < 0) {
         Py_DECREF(m);
         return NULL;
     }

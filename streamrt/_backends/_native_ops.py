@@ -13,12 +13,14 @@ launch:
   ``None`` where a capture check found the stream capturing (nothing after the
   check ran), else the exception that call's failure maps to (the calls before
   ``index`` were made);
-* :meth:`NativeOps.replay` checks that a stream is not capturing and launches an
-  executable graph on it, with the same result;
+* :meth:`NativeOps.replay` checks that a stream is not capturing, launches an
+  executable graph on it and, given an event, records it after the graph, with the
+  same result;
 * :meth:`NativeOps.copy_record` checks that a stream is not capturing, enqueues a copy
   on it and records an event after it, with the same result;
-* :meth:`NativeOps.record` records an event and :meth:`NativeOps.query` asks whether one
-  has completed (they raise like ``backend.event_record`` and ``backend.event_query``, and
+* :meth:`NativeOps.record` records an event, :meth:`NativeOps.query` asks whether one
+  has completed and :meth:`NativeOps.synchronize` waits for one (they raise like
+  ``backend.event_record``, ``backend.event_query`` and ``backend.event_synchronize``, and
   release the GIL as they do); :meth:`NativeOps.record_held` records with the GIL kept, for
   the completion engine's tails (no hand-over of the GIL on a launch's path; it blocks every
   thread should the driver block the call behind a full queue).
@@ -51,11 +53,11 @@ except ImportError:
 #: The entry points, in the executor's order: the CUDA driver's and HIP's.
 CUDA_ENTRY_POINTS = (
     "cuStreamIsCapturing", "cuMemsetD8Async", "cuMemcpyAsync", "cuLaunchHostFunc", "cuEventRecord", "cuStreamWaitEvent",
-    "cuGraphLaunch", "cuLaunchKernel", "cuEventQuery",
+    "cuGraphLaunch", "cuLaunchKernel", "cuEventQuery", "cuEventSynchronize",
 )
 HIP_ENTRY_POINTS = (
     "hipStreamIsCapturing", "hipMemsetAsync", "hipMemcpyAsync", "hipLaunchHostFunc", "hipEventRecord", "hipStreamWaitEvent",
-    "hipGraphLaunch", "hipModuleLaunchKernel", "hipEventQuery",
+    "hipGraphLaunch", "hipModuleLaunchKernel", "hipEventQuery", "hipEventSynchronize",
 )
 
 class Program:
@@ -117,7 +119,9 @@ class Program:
 class NativeOps:
     """The executor of one backend. See the module docstring."""
 
-    __slots__ = ("_backend", "_copy_record", "_executor", "_make_error", "_run", "_replay", "query", "record", "record_held")
+    __slots__ = (
+        "_backend", "_copy_record", "_executor", "_make_error", "_run", "_replay", "query", "record", "record_held", "synchronize",
+    )
 
     def __init__(
         self,
@@ -140,6 +144,7 @@ class NativeOps:
         self.record: Callable[[int, int], None] = self._executor.record
         self.query: Callable[[int], bool] = self._executor.query
         self.record_held: Callable[[int, int], None] = self._executor.record_held
+        self.synchronize: Callable[[int], None] = self._executor.synchronize
 
     def compile(self, stream: int, steps: Iterable[tuple[Callable[..., Any] | None, tuple[Any, ...]]]) -> Program | None:
         """A program that checks ``stream`` is not capturing, then makes ``steps``' calls; ``None`` if one can't be.
@@ -177,10 +182,11 @@ class NativeOps:
         failed = self._run(program._words)
         return None if failed is None else self._failure(program._words[failed[0] * _c.WORDS], *failed)
 
-    def replay(self, graph_exec: int, stream: int) -> tuple[int, BaseException | None] | None:
-        """Launch ``graph_exec`` on ``stream`` unless the stream is capturing: index 0 is the check, 1 the launch."""
-        failed = self._replay(graph_exec, stream)
-        return None if failed is None else self._failure(_c.OP_GRAPH if failed[0] else _c.OP_CHECK, *failed)
+    def replay(self, graph_exec: int, stream: int, event: int = 0) -> tuple[int, BaseException | None] | None:
+        """Launch ``graph_exec`` on ``stream`` unless the stream is capturing, then record ``event`` (if not 0)
+        after it: index 0 is the check, 1 the launch, 2 the record."""
+        failed = self._replay(graph_exec, stream, event) if event else self._replay(graph_exec, stream)
+        return None if failed is None else self._failure((_c.OP_CHECK, _c.OP_GRAPH, _c.OP_RECORD)[failed[0]], *failed)
 
     def copy_record(self, dst: int, src: int, nbytes: int, kind: int, stream: int, event: int) -> tuple[int, BaseException | None] | None:
         """Unless ``stream`` is capturing (index 0), enqueue the copy (1) on it, then record ``event`` (2) after it.

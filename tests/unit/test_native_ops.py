@@ -25,7 +25,7 @@ CONTEXT_ERROR = 201
 
 
 class FakeDriver:
-    """Nine entry points that log ``(name, *args)``; ``codes[name]`` lists the results of successive calls."""
+    """Ten entry points that log ``(name, *args)``; ``codes[name]`` lists the results of successive calls."""
 
     def __init__(self, *, hip: bool) -> None:
         self.log: list[tuple[Any, ...]] = []
@@ -59,6 +59,7 @@ class FakeDriver:
             entry("kernel", (_p, _u, _u, _u, _u, _u, _u, _u, _p, _p, _p),
                   lambda f, gx, gy, gz, bx, by, bz, sm, s, a, e: (as_int(f), (gx, gy, gz), (bx, by, bz), sm, as_int(s), as_int(a), e)),
             entry("query", (_p,), lambda e: (as_int(e),)),
+            entry("sync", (_p,), lambda e: (as_int(e),)),
         ]
 
     def addresses(self) -> list[int]:
@@ -221,6 +222,26 @@ def test_replay_checks_the_stream_then_launches_the_graph() -> None:
 
 
 @built
+def test_replay_with_an_event_records_it_after_the_graph_or_says_which_call_failed() -> None:
+    driver = FakeDriver(hip=False)
+    ops = ops_over(driver)
+    assert ops.replay(0x6000, 0x50, 0xE1) is None
+    assert driver.log == [("is_capturing", 0x50), ("graph", 0x6000, 0x50), ("record", 0xE1, 0x50)]
+    driver.log.clear()
+    driver.capturing = 1
+    assert ops.replay(0x6000, 0x50, 0xE1) == (0, None)
+    assert driver.log == [("is_capturing", 0x50)]
+    driver.capturing = 0
+    driver.codes["graph"] = [900]
+    failed = ops.replay(0x6000, 0x50, 0xE1)
+    assert failed is not None and failed[0] == 1 and driver.log[-1] == ("graph", 0x6000, 0x50)  # no record after it
+    driver.codes["record"] = [709]
+    failed = ops.replay(0x6000, 0x50, 0xE2)
+    assert failed is not None and failed[0] == 2 and failed[1].call == "cuEventRecord"  # type: ignore[union-attr]
+    assert driver.log[-2:] == [("graph", 0x6000, 0x50), ("record", 0xE2, 0x50)]  # the graph was launched
+
+
+@built
 def test_record_raises_the_mapped_error() -> None:
     driver = FakeDriver(hip=False)
     ops = ops_over(driver)
@@ -273,6 +294,24 @@ def test_query_reads_completed_not_ready_and_errors() -> None:
 
 
 @built
+@pytest.mark.parametrize("hip", [False, True])
+def test_synchronize_waits_through_the_entry_point_and_raises_its_error(hip: bool) -> None:
+    driver = FakeDriver(hip=hip)
+    ops = ops_over(driver, hip=hip)
+    driver.codes["sync"] = [0, 700]
+    assert ops.synchronize(0xE1) is None
+    with pytest.raises(BackendError) as info:
+        ops.synchronize(0xE2)
+    assert (info.value.code, info.value.call) == (700, "hipEventSynchronize" if hip else "cuEventSynchronize")
+    assert driver.log == [("sync", 0xE1), ("sync", 0xE2)]
+    if not hip:  # a thread with no current context: made current, then waited again
+        made: list[int] = []
+        driver.codes["sync"] = [CONTEXT_ERROR, 0]
+        assert ops_over(driver, make_current=lambda: made.append(1)).synchronize(0xE3) is None
+        assert made == [1] and driver.log[-2:] == [("sync", 0xE3), ("sync", 0xE3)]
+
+
+@built
 def test_compile_translates_the_backends_own_calls_and_nothing_else() -> None:
     driver = FakeDriver(hip=False)
 
@@ -310,10 +349,10 @@ def test_bad_programs_and_arguments_are_refused() -> None:
         ops._run(b"\0" * 8)
     with pytest.raises(ValueError, match="unknown op"):
         ops._run(bytes(48 * [0xFF]))
-    with pytest.raises(ValueError, match="9 entry points"):
+    with pytest.raises(ValueError, match="10 entry points"):
         NativeOps([1, 2], hip=False, make_error=make_error)
     with pytest.raises(ValueError, match="NULL"):
-        NativeOps([0] * 9, hip=False, make_error=make_error)
+        NativeOps([0] * 10, hip=False, make_error=make_error)
     with pytest.raises(ValueError, match="do not fit"):
         Program().kernel(0xF, (1, 1 << 16, 1), (32, 1, 1), 0, 0x50, 0xA)
     assert driver.log == []

@@ -91,6 +91,7 @@ class CudaCore:
         if self.native_ops is not None:  # the hottest single calls skip the binding layer (same results, same errors)
             self.event_record = self.native_ops.record  # type: ignore[method-assign]
             self.event_query = self.native_ops.query  # type: ignore[method-assign]
+            self.event_synchronize = self.native_ops.synchronize  # type: ignore[method-assign]
         self._signals: dict[int, int] = {}  # signal (host address) -> its device address
 
         if device is not None:

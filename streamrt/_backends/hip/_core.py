@@ -77,6 +77,7 @@ class HipCore:
         if self.native_ops is not None:  # the hottest single calls skip hip-python (same results, same errors)
             self.event_record = self.native_ops.record  # type: ignore[method-assign]
             self.event_query = self.native_ops.query  # type: ignore[method-assign]
+            self.event_synchronize = self.native_ops.synchronize  # type: ignore[method-assign]
 
     def _load_native_ops(self) -> NativeOps | None:
         """A launch's calls in one native call, on the HIP library hip-python opened (see ``_native_ops``).
