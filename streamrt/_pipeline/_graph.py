@@ -41,11 +41,13 @@ thread; they are serialized per graph.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._backends.protocol import CaptureMode
+from .._allocator import release_after_device
 from .._buffer import Buffer
 from .._errors import CaptureError, ClosedError
 from ._deps import ForkPlan, hazards, plan_fork, topological_order
@@ -110,7 +112,7 @@ class _GraphState:
         self.lock = threading.Lock()
         self.destroyed = False
 
-    def replay_done(self, _run: Run) -> None:
+    def replay_done(self, _run: Run | None) -> None:
         """One replay passed its tail: on its completion lane, or on the thread of an await that polled it."""
         with self.lock:
             self.pending -= 1
@@ -384,49 +386,73 @@ class Graph:
                 if b._released:
                     raise ValueError(f"graph {self._name!r} uses a released buffer ({b!r}); rebind it with update() first")
             prev = chain.last
-            pending = prev is not None and not prev._done
-            # the native replay checks for a capture itself; a wait for a run on other streams must follow that check
-            ops = getattr(backend, "native_ops", None) if not (pending and prev._streams != (stream,)) else None  # type: ignore[union-attr]
-            if ops is None and backend.stream_is_capturing(stream._handle):
-                raise CaptureError(f"{stream.name} is capturing: a graph is replayed on a stream that is not capturing")
-            if pending and prev._streams != (stream,):  # type: ignore[union-attr]  # (nothing to wait for on this stream)
-                serialize_after(prev, (stream,))  # type: ignore[arg-type]
-            armed = []
-            for name, slot in state.slots:  # armed before the launch: replays match runs FIFO
-                req = HostRequest(None, ())
-                slot._push(req)
-                armed.append((name, req))
-            try:
-                if ops is None:
+            if prev is not None and not prev._done and prev._streams != (stream,):  # (nothing to wait for on this stream)
+                ops = None  # the wait for a run on other streams must follow the capture check
+                if backend.stream_is_capturing(stream._handle):
+                    raise CaptureError(f"{stream.name} is capturing: a graph is replayed on a stream that is not capturing")
+                serialize_after(prev, (stream,))
+            else:
+                ops = getattr(backend, "native_ops", None)  # it checks for a capture itself
+                if ops is None and backend.stream_is_capturing(stream._handle):
+                    raise CaptureError(f"{stream.name} is capturing: a graph is replayed on a stream that is not capturing")
+            armed: tuple[tuple[str, HostRequest], ...] = ()
+            if state.slots:  # armed before the launch: replays match runs FIFO
+                pushed = []
+                for name, slot in state.slots:
+                    req = HostRequest(None, ())
+                    slot._push(req)
+                    pushed.append((name, req))
+                armed = tuple(pushed)
+            if ops is None:
+                event = 0  # the Run records its tail
+                try:
                     backend.graph_launch(state.exec, stream._handle)  # traced with its names while tracing
-                else:
-                    failed = ops.replay(state.exec, stream._handle)
-                    if failed is not None:
-                        if failed[1] is not None:
-                            raise failed[1]
-                        raise CaptureError(f"{stream.name} is capturing: a graph is replayed on a stream that is not capturing")
-            except BaseException:
-                for (_, req), (_, slot) in zip(armed, state.slots):
-                    slot.disarm(req)
-                raise
-            state.streams.add(stream)
-            for b in state.roots:  # noted once per root buffer (see Buffer.note_stream)
-                used = b._streams
-                if used is None:
-                    b._streams = {stream}
-                elif stream not in used:
-                    used.add(stream)
+                except BaseException:
+                    self._disarm(state, armed)
+                    raise
+                failed = None
+            else:  # the check, the launch and the tail's record in one native call
+                engine = rt._engine
+                pool = engine._pool
+                event = pool.pop() if pool else engine._events.take()
+                lane = stream._lane
+                lane._depth += 1  # a record-and-push section (see _Lane, "Order"), until the Run is pushed
+                try:
+                    failed = ops.replay(state.exec, stream._handle, event)
+                except BaseException:  # make_current failed before the first call: nothing was enqueued
+                    failed = (0, sys.exc_info()[1])
+                if failed is not None:
+                    lane._depth -= 1
+                    pool.append(event)
+                    if failed[0] < 2:  # nothing was enqueued
+                        self._disarm(state, armed)
+                        raise failed[1] or CaptureError(f"{stream.name} is capturing: a graph is replayed on a stream that is not capturing")
             with state.lock:
                 state.pending += 1
-            try:
-                run = Run(self._name, "graph", (stream,), tuple(armed), state, rt._engine, (stream,), after=state.replay_done)
-            except BaseException:
-                with state.lock:
-                    state.pending -= 1
-                raise
+            if stream not in state.streams:  # a root buffer's streams only grow while the graph holds it
+                state.streams.add(stream)
+                for b in state.roots:  # noted once per root buffer (see Buffer.note_stream)
+                    used = b._streams
+                    if used is None:
+                        b._streams = {stream}
+                    else:
+                        used.add(stream)
+            if failed is not None:  # the replay runs, its tail's record failed: nothing watches it
+                release_after_device(rt, lambda: state.replay_done(None))
+                raise failed[1]  # type: ignore[misc]
+            try:  # a Run that raises finishes itself, replay_done included
+                run = Run(self._name, "graph", (stream,), armed, state, rt._engine, (stream,), after=state.replay_done, recorded=event)
+            finally:
+                if event:
+                    lane._depth -= 1
             chain.last = run
             self._replays += 1
             return run
+
+    @staticmethod
+    def _disarm(state: _GraphState, armed: tuple[tuple[str, HostRequest], ...]) -> None:
+        for (_, req), (_, slot) in zip(armed, state.slots):
+            slot.disarm(req)
 
     def update(self, rebind: Mapping[Any, Buffer]) -> None:
         """Point the graph at other buffers: ``{old_buffer: new_buffer, ...}``.

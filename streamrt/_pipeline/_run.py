@@ -89,14 +89,18 @@ class Run(Completion):
         *,
         after: Callable[[Run], None] | None = None,
         error: BaseException | None = None,
+        recorded: int = 0,
     ) -> None:
         """Record the tail events on ``tails`` (their enqueue locks held) and watch them.
 
         The first tail is this Run itself, on its stream's lane; more are
         :class:`_Tail` items. Raises the backend's error if a tail could not
         be recorded: the Run is then watched on the tails recorded before it
-        (none: nothing is watched). ``after(run)`` is called just before it resolves.
+        (none: it finishes once the device is idle, ``after`` included).
+        ``after(run)`` is called just before it resolves.
         ``error``: the Run's error from the start (with no tails: a Run that is done at once).
+        ``recorded``: the one tail's event (from the engine's pool), already recorded by the
+        caller inside its own record-and-push section on the tail stream's lane.
         """
         # Completion's state, set here directly: a launch pays for one call of its future.
         self._done = False
@@ -133,15 +137,19 @@ class Run(Completion):
             # once the device is idle.
             stream = tails[0]
             lane = stream._lane
-            event = pool.pop() if pool else engine._events.take()
             self._remaining = 1
-            lane._depth += 1  # a record-and-push section (see _Lane, "Order")
+            if not recorded:
+                lane._depth += 1  # a record-and-push section (see _Lane, "Order")
             try:
-                try:
-                    record(event, stream._handle)
-                except BaseException:
-                    pool.append(event)
-                    raise
+                if recorded:
+                    event = recorded
+                else:
+                    event = pool.pop() if pool else engine._events.take()
+                    try:
+                        record(event, stream._handle)
+                    except BaseException:
+                        pool.append(event)
+                        raise
                 self.event = event
                 self.unordered = lane._depth > 1
                 self._tails = [(stream, event)]
@@ -153,7 +161,8 @@ class Run(Completion):
                 release_after_device(stream._runtime, lambda: self._tail_done(0, None, None))
                 raise
             finally:
-                lane._depth -= 1
+                if not recorded:
+                    lane._depth -= 1
             return
         lanes: list[_Lane] = []
         self._remaining = 1  # held until every tail is watched: an early tail must not finish the Run

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from typing import Any
 
 import numpy as np
 import pytest
@@ -271,3 +272,70 @@ def test_capturing_a_capturing_stream_is_an_error(rt: srt.Runtime) -> None:
     g.launch(s).result(10)
     assert (download(rt, s, d) == 2).all()
     g.close()
+
+
+class _ReplayOps:
+    """A stand-in for the native executor's ``replay`` on the simulator: the same calls through the
+    backend, with a failure injected at call ``fail_at`` (0 the capture check, 1 the launch, 2 the record)."""
+
+    def __init__(self, backend: object) -> None:
+        self.backend: Any = backend
+        self.fail_at: int | None = None
+
+    def replay(self, graph_exec: int, stream: int, event: int = 0) -> tuple[int, BaseException | None] | None:
+        b = self.backend
+        if self.fail_at == 0 or b.stream_is_capturing(stream):
+            return 0, None
+        if self.fail_at == 1:
+            return 1, srt.BackendError("sim", 1, "E1", "launch failed", "graph_launch")
+        b.graph_launch(graph_exec, stream)
+        if self.fail_at == 2:
+            return 2, srt.BackendError("sim", 2, "E2", "record failed", "event_record")
+        if event:
+            b.event_record(event, stream)
+        return None
+
+
+def test_a_native_replay_and_its_failures_keep_replays_matched_and_the_graph_accounted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the backend has native ops, a replay is one call (check, launch, tail record). A replay that
+    enqueued nothing raises and leaves its host node unarmed; one whose tail failed raises, still runs,
+    and counts as in flight until the device is idle, so a close destroys the graph only after it."""
+    with srt.open_runtime("sim") as rt:
+        s = rt.create_stream()
+        p, inp, out = _scale_pipeline(rt, s)
+        g = p.capture(s)
+        ops = _ReplayOps(rt.backend)
+        monkeypatch.setattr(rt.backend, "native_ops", ops)
+        state = g._state
+        assert state is not None
+        slot = state.slots[0][1]
+
+        def replay(values: np.ndarray) -> srt.Run:
+            upload(rt, s, values, dst=inp)
+            return g.launch(s)
+
+        run = replay(np.arange(256, dtype=np.int32))
+        assert run.result(10) is None and (download(rt, s, out, np.int32) == np.arange(256) * 3).all()
+        for fail_at, error in ((0, srt.CaptureError), (1, srt.BackendError)):
+            ops.fail_at = fail_at
+            with pytest.raises(error):
+                replay(np.full(256, 5, np.int32))
+            s.synchronize()
+            assert state.pending == 0 and not slot._queue  # nothing in flight, nothing armed
+        ops.fail_at = 2
+        upload(rt, s, np.full(256, 7, np.int32), dst=inp)
+        gate = Gate()
+        s.launch_host_func(gate)  # the replay waits behind it
+        try:
+            with pytest.raises(srt.BackendError, match="record failed"):
+                g.launch(s)
+            assert state.pending == 1
+            g.close()
+            assert not state.destroyed  # the replay that nothing watches has not run yet
+        finally:
+            gate.open()
+        s.synchronize()
+        rt.releaser.drain()
+        assert state.destroyed and state.pending == 0
+        assert (download(rt, s, out, np.int32) == 21).all()  # it ran, its host node included
+        assert g.replays == 1
