@@ -277,7 +277,7 @@ class _Lane:
         with self._take:
             if self.dead is not None or not queue or queue[0] is self._waiting:
                 return
-            self._take_done(queue, self._engine._backend.event_query, batch)
+            self._take_done(queue, self._engine._backend.event_query, batch, polled=True)
         if batch:
             self._retire(batch, None)
 
@@ -489,7 +489,9 @@ class _Lane:
                         self._take_done(queue, query, batch)
                 self._retire(batch, error)
 
-    def _take_done(self, queue: collections.deque[_Entry], query: Callable[[int], bool], batch: list[_Entry]) -> None:
+    def _take_done(
+        self, queue: collections.deque[_Entry], query: Callable[[int], bool], batch: list[_Entry], *, polled: bool = False
+    ) -> None:
         """Move the queued entries whose events are complete to ``batch`` (the retiring thread, ``_take`` held).
 
         Every event of a lane was recorded on the lane's stream in queue order
@@ -498,10 +500,21 @@ class _Lane:
         case after a wait under load) the whole queue is taken with that one
         query, but for ``unordered`` entries, queried each. Otherwise (or when
         the newest is unordered) they are queried from the oldest, up to the
-        first not done.
+        first not done. ``polled``: a poll, which most often finds nothing new
+        done: the oldest is queried first, so that takes one query.
         A query that raises stops the batch (the next blocking wait reports
         the error).
         """
+        if polled:
+            try:
+                if not query(queue[0].event):
+                    return
+            except BaseException:  # noqa: BLE001 - the blocking wait reports it next
+                return
+            self._busy += 1
+            batch.append(queue.popleft())
+            if not queue:
+                return
         n = len(queue)  # producers only append: the first n entries stay put
         newest = queue[n - 1]
         if not newest.unordered:

@@ -262,6 +262,36 @@ def test_a_poll_retires_done_entries_in_order_on_the_calling_thread(harness: Har
     assert engine.statistics().pending == 0
 
 
+
+def test_a_poll_that_finds_nothing_new_done_makes_one_query(harness: Harness) -> None:
+    """A poll queries the oldest entry first: while it is not done (the usual case) that is the only query;
+    once everything is done, the oldest and then the newest take the whole queue."""
+    counting = CountingQueries(harness.backend)
+    engine = harness.engine(counting)
+    s = harness.stream()
+    engine.completion_for_stream(s).wait(5)
+    engine.drain()
+    lane = engine._lane(s)
+    holder = object()
+    lane.pollers[holder] = time.perf_counter_ns() + int(60e9)  # type: ignore[index]  # the lane thread stays asleep
+    try:
+        gate = harness.gate(s)
+        cs = [engine.completion_for_stream(s) for _ in range(5)]
+        for _ in range(3):
+            before = counting.queries
+            lane._polled_ns = 0  # (no 2 µs gap between these polls)
+            lane.poll()
+            assert counting.queries - before == 1 and len(lane._queue) == 5
+        gate.open()
+        harness.backend.stream_synchronize(s)
+        before = counting.queries
+        lane._polled_ns = 0
+        lane.poll()
+        assert counting.queries - before == 2 and not lane._queue and all(c.is_done for c in cs)
+    finally:
+        lane.end_poll(holder)  # type: ignore[arg-type]
+    engine.drain()
+
 def test_a_lane_retires_everything_behind_a_done_newest_event_after_one_query(harness: Harness) -> None:
     """Events of a lane complete in stream order: when the newest is done, so is the rest."""
     counting = CountingQueries(harness.backend)
