@@ -423,7 +423,8 @@ def run_whole_graph(cfg: Config, device: torch.device, rt: srt.Runtime, *, on_st
     """(d): the whole step, prepare included, in one ``torch.cuda.graph`` (see :class:`_WholeStep`).
 
     ``stats["host_us_per_step"]``: the host's mean time per replayed step, split into making the
-    batch, the replay, and the rest (queueing the batch for the feed, the verification fetches).
+    batch, the replay, and the rest (queueing the batch for the feed, the verification fetches,
+    polling them), with the rest's ``fetch`` and ``poll`` also on their own.
     """
     if device.type != "cuda":
         raise ValueError("variant (d) captures the step into a CUDA graph: it needs --device cuda")
@@ -435,7 +436,7 @@ def run_whole_graph(cfg: Config, device: torch.device, rt: srt.Runtime, *, on_st
     whole = _WholeStep(cfg, model, opt, rt, prep, block)
     check = _MetadataCheck(params)
     host_cu: list[np.ndarray] = []
-    spent = np.zeros(3)  # making the batch, the replay, the rest: summed over the replayed steps
+    spent = np.zeros(5)  # making the batch, the replay, the rest, and of the rest the fetches and the polls
     t0 = time.perf_counter()
     batches = _host_copies(synthetic_batches(cfg), host_cu)
     whole.cap.wait_stream(torch.cuda.current_stream(device))  # the weights and buffers made above
@@ -454,9 +455,11 @@ def run_whole_graph(cfg: Config, device: torch.device, rt: srt.Runtime, *, on_st
             t_d = time.perf_counter()
             if prep is not None and step % cfg.verify_every == 0:
                 check.add(step, host_cu[step], st.fetch(rt, ws[:region]))  # before the next step rewrites it
+            t_e = time.perf_counter()
             check.poll()
             if step > cfg.warmup:
-                spent += (t_b - t_a, t_d - t_c, (t_c - t_b) + (time.perf_counter() - t_d))
+                t_f = time.perf_counter()
+                spent += (t_b - t_a, t_d - t_c, (t_c - t_b) + (t_f - t_d), t_e - t_d, t_f - t_e)
             if on_step is not None:
                 on_step(step)
         whole.cap.synchronize()
@@ -465,8 +468,8 @@ def run_whole_graph(cfg: Config, device: torch.device, rt: srt.Runtime, *, on_st
     if prep is not None:
         prep.close()
     replayed = max(cfg.steps - cfg.warmup - 1, 1)
-    batch_us, replay_us, rest_us = (spent * 1e6 / replayed).tolist()
-    stats = {"host_us_per_step": {"batch": batch_us, "replay": replay_us, "rest": rest_us}}
+    batch_us, replay_us, rest_us, fetch_us, poll_us = (spent * 1e6 / replayed).tolist()
+    stats = {"host_us_per_step": {"batch": batch_us, "replay": replay_us, "rest": rest_us, "fetch": fetch_us, "poll": poll_us}}
     notes = [f"the whole step captured at step {cfg.warmup} after {cfg.warmup} eager steps; host per replayed step: replay {replay_us:.1f} µs, rest {rest_us:.1f} µs"]
     return Result("d", whole.log.losses, seconds, check.verified, notes, stats)
 

@@ -449,7 +449,10 @@ def _print_table(results: dict[str, Any], variants: list[str]) -> None:
             )
         split = e.get("d", {}).get("stats", {}).get("host_us_per_step")
         if split:
-            print(f"      (d) host per replayed step: batch {split['batch']:.1f} µs, replay {split['replay']:.1f} µs, rest {split['rest']:.1f} µs")
+            print(
+                f"      (d) host per replayed step: batch {split['batch']:.1f} µs, replay {split['replay']:.1f} µs, rest {split['rest']:.1f} µs"
+                f" (fetches {split['fetch']:.1f}, polls {split['poll']:.1f})"
+            )
         for x, y in (("b", "a"), ("d", "a"), ("d", "c")):
             if f"speedup_{x}_over_{y}" in e:
                 lo, hi = e[f"speedup_{x}_over_{y}_range"]
