@@ -172,7 +172,7 @@ static PyObject *Executor_run(Executor *ex, PyObject *arg) {
     return outcome(failed, n, code, capturing, python_error);
 }
 
-/* replay(graph_exec, stream[, event]): the check, the launch, and the event's record where one is given. */
+/* replay(graph_exec, stream[, event]): the check, the launch, and the event's record where one is given (not 0). */
 static PyObject *Executor_replay(Executor *ex, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2 && nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "replay(graph_exec, stream[, event])");
@@ -183,7 +183,7 @@ static PyObject *Executor_replay(Executor *ex, PyObject *const *args, Py_ssize_t
     uint64_t event = nargs == 3 ? PyLong_AsUnsignedLongLong(args[2]) : 0;
     if (PyErr_Occurred()) return NULL;
     uint64_t words[3 * WORDS] = {OP_CHECK, stream, 0, 0, 0, 0, OP_GRAPH, exec, stream, 0, 0, 0, OP_RECORD, event, stream, 0, 0, 0};
-    Py_ssize_t n = nargs, failed;
+    Py_ssize_t n = event ? 3 : 2, failed;
     int capturing, python_error;
     int code = execute(ex, words, n, &failed, &capturing, &python_error);
     return outcome(failed, n, code, capturing, python_error);

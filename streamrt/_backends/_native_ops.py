@@ -185,7 +185,7 @@ class NativeOps:
     def replay(self, graph_exec: int, stream: int, event: int = 0) -> tuple[int, BaseException | None] | None:
         """Launch ``graph_exec`` on ``stream`` unless the stream is capturing, then record ``event`` (if not 0)
         after it: index 0 is the check, 1 the launch, 2 the record."""
-        failed = self._replay(graph_exec, stream, event) if event else self._replay(graph_exec, stream)
+        failed = self._replay(graph_exec, stream, event)
         return None if failed is None else self._failure((_c.OP_CHECK, _c.OP_GRAPH, _c.OP_RECORD)[failed[0]], *failed)
 
     def copy_record(self, dst: int, src: int, nbytes: int, kind: int, stream: int, event: int) -> tuple[int, BaseException | None] | None:

@@ -41,7 +41,6 @@ thread; they are serialized per graph.
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -419,8 +418,8 @@ class Graph:
                 lane._depth += 1  # a record-and-push section (see _Lane, "Order"), until the Run is pushed
                 try:
                     failed = ops.replay(state.exec, stream._handle, event)
-                except BaseException:  # make_current failed before the first call: nothing was enqueued
-                    failed = (0, sys.exc_info()[1])
+                except BaseException as exc:  # make_current failed before the first call: nothing was enqueued
+                    failed = (0, exc)
                 if failed is not None:
                     lane._depth -= 1
                     pool.append(event)

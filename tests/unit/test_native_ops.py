@@ -228,6 +228,9 @@ def test_replay_with_an_event_records_it_after_the_graph_or_says_which_call_fail
     assert ops.replay(0x6000, 0x50, 0xE1) is None
     assert driver.log == [("is_capturing", 0x50), ("graph", 0x6000, 0x50), ("record", 0xE1, 0x50)]
     driver.log.clear()
+    assert ops._replay(0x6000, 0x50, 0) is None  # event 0: no record
+    assert driver.log == [("is_capturing", 0x50), ("graph", 0x6000, 0x50)]
+    driver.log.clear()
     driver.capturing = 1
     assert ops.replay(0x6000, 0x50, 0xE1) == (0, None)
     assert driver.log == [("is_capturing", 0x50)]
