@@ -210,11 +210,14 @@ class CompletionEngine(_HostCalls):
         the backend's error (or ``enqueue``'s) if the event could not be
         recorded: nothing is then watched.
         """
-        lane = self._lane(stream)
+        lane = self._lanes.get(stream)  # (lane()'s fast path, inline: every fetch and logged value)
+        if lane is None:
+            lane = self._lane(stream)
         with lane.lock:
             lane._depth += 1  # a record-and-push section (see _Lane, "Order")
             try:
-                self._check_open()
+                if self._closing:
+                    self._check_open()
                 if enqueue is None:
                     self._backend.event_record(event, stream)
                 else:

@@ -61,6 +61,8 @@ if TYPE_CHECKING:
 
 __all__ = ["FetchFuture", "HostCopy", "Source", "copy_source", "enqueue_copy", "fetch"]
 
+_FLOAT32 = np.dtype(np.float32)
+
 _H2H = MemcpyKind.HOST_TO_HOST
 D2H = MemcpyKind.DEVICE_TO_HOST
 
@@ -131,16 +133,15 @@ class HostCopy:
     allocator reuses the block only once the stream has passed the copy.
     """
 
-    __slots__ = ("dtype", "nbytes", "shape", "staging", "stream", "widen")
+    __slots__ = ("dtype", "nbytes", "result_dtype", "shape", "staging", "stream", "widen")
 
     def __init__(self, rt: Runtime, source: Source) -> None:
-        _, _, nbytes, self.dtype, self.shape, self.widen, self.stream, _ = source  # (dtype: of the bytes)
+        _, _, nbytes, dtype, self.shape, widen, self.stream, _ = source
+        self.dtype = dtype  # of the bytes
+        self.widen = widen
+        self.result_dtype = _FLOAT32 if widen else dtype  # of the value (bfloat16 bits widen to float32)
         self.nbytes = nbytes
         self.staging = rt._host_allocator.allocate(nbytes or 1)
-
-    @property
-    def result_dtype(self) -> np.dtype:
-        return np.dtype(np.float32) if self.widen else self.dtype
 
     def value(self) -> np.ndarray:
         """The landed bytes as a new array the caller owns."""
@@ -184,7 +185,9 @@ def fetch(rt: Runtime, tensor: Any, stream: Stream | None = None, *, dtype: Any 
     argument (a tensor of another device, an unsupported dtype, ...), and
     ``CaptureError`` on a stream that is capturing.
     """
-    ctx = context(rt)
+    ctx = rt._torch_context  # (context()'s fast path, inline)
+    if ctx is None:
+        ctx = context(rt)
     source = copy_source(rt, ctx, tensor, stream, dtype)
     if isinstance(source, np.ndarray):
         return _resolved(source, rt)
