@@ -89,6 +89,27 @@ class FetchFuture(Completion):
         self._watched: Event | None = None  # the event recorded after the copy
 
     @property
+    def is_done(self) -> bool:
+        """``True`` once the array is ready. Never blocks.
+
+        While the copy has not landed this is one event query of the copy's own event; once it
+        has, its lane's complete work is retired on the calling thread (as
+        :attr:`Completion.is_done`), this future with it.
+        """
+        if not self._done:
+            event = self._watched  # (None once landed: the lane thread may be resolving it now)
+            if event is not None:
+                rt = event._runtime
+                try:
+                    if not rt._closed and not rt._base_backend.event_query(event._handle):
+                        return False  # (a spurious False, should the event be reused meanwhile, only delays this)
+                except Exception:  # noqa: BLE001 - the lane reports a failed wait; its poll below is safe
+                    pass
+            for lane in self._lanes:
+                lane.poll()
+        return self._done
+
+    @property
     def shape(self) -> tuple[int, ...]:
         return self._shape
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -196,3 +198,40 @@ def test_the_native_copy_and_record_path_and_its_failures(helper: str, monkeypat
         assert np.array_equal(call(), np.arange(6, dtype=np.float32)) and ops.calls == 5
         assert logger.pending == 0
         logger.close()
+
+
+def test_a_pending_fetch_is_polled_with_one_query_and_no_lane_machinery(
+    trt: srt.Runtime, gate: Callable[[srt.Stream], object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the copy has not landed, ``is_done`` is one event query of the copy's own event: no
+    other streamrt Python call (a loop polls it every step); once it has, it retires and reports it."""
+    x = on_device(trt, torch.arange(4, dtype=torch.float32))
+    release = gate(st.current_stream(trt))
+    try:
+        fut = st.fetch(trt, x)
+        backend = trt._base_backend
+        queried: list[int] = []
+        real_query = backend.event_query
+        calls: list[str] = []
+
+        def query(event: int) -> bool:
+            queried.append(event)
+            return bool(real_query(event))
+
+        def profile(frame: Any, event: str, _arg: Any) -> None:
+            name = frame.f_code.co_filename
+            if event == "call" and "/streamrt/" in name and "/streamrt/_backends/" not in name and "/tests/" not in name:
+                calls.append(frame.f_code.co_qualname)
+
+        monkeypatch.setattr(backend, "event_query", query)
+        sys.setprofile(profile)
+        try:
+            done = fut.is_done
+        finally:
+            sys.setprofile(None)
+        monkeypatch.undo()
+        assert not done and calls == ["FetchFuture.is_done"] and queried == [fut._watched._handle]  # type: ignore[union-attr]
+    finally:
+        release.set()  # type: ignore[attr-defined]
+    assert wait_until(lambda: fut.is_done)
+    assert np.array_equal(fut.result(timeout=30), np.arange(4, dtype=np.float32))
