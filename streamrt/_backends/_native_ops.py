@@ -146,6 +146,13 @@ class NativeOps:
         self.record_held: Callable[[int, int], None] = self._executor.record_held
         self.synchronize: Callable[[int], None] = self._executor.synchronize
 
+    def serve_events(self, backend: Any) -> None:
+        """Make ``backend``'s ``event_record``, ``event_query`` and ``event_synchronize`` this executor's calls
+        (the hottest single calls: the same results and errors, without the binding layer)."""
+        backend.event_record = self.record
+        backend.event_query = self.query
+        backend.event_synchronize = self.synchronize
+
     def compile(self, stream: int, steps: Iterable[tuple[Callable[..., Any] | None, tuple[Any, ...]]]) -> Program | None:
         """A program that checks ``stream`` is not capturing, then makes ``steps``' calls; ``None`` if one can't be.
 

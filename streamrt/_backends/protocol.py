@@ -29,7 +29,8 @@ Rules every implementation keeps:
   own enqueue calls in one native call (launch plans and graph replays use it;
   the methods stay the reference behaviour, and a wrapper that must see every
   call, such as the tracing one, sets it to ``None``). Where it is there,
-  ``event_record`` and ``event_query`` are its native calls too.
+  ``event_record``, ``event_query`` and ``event_synchronize`` are its native
+  calls too.
 """
 
 from __future__ import annotations

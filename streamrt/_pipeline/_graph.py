@@ -72,6 +72,10 @@ if TYPE_CHECKING:
 __all__ = ["Graph", "capture_pipeline"]
 
 
+def _capturing(stream: Stream) -> CaptureError:
+    return CaptureError(f"{stream.name} is capturing: a graph is replayed on a stream that is not capturing")
+
+
 class _GraphState:
     """One executable graph with its host slots and keepalive; retired once unused and replaced or closed.
 
@@ -388,12 +392,12 @@ class Graph:
             if prev is not None and not prev._done and prev._streams != (stream,):  # (nothing to wait for on this stream)
                 ops = None  # the wait for a run on other streams must follow the capture check
                 if backend.stream_is_capturing(stream._handle):
-                    raise CaptureError(f"{stream.name} is capturing: a graph is replayed on a stream that is not capturing")
+                    raise _capturing(stream)
                 serialize_after(prev, (stream,))
             else:
                 ops = getattr(backend, "native_ops", None)  # it checks for a capture itself
                 if ops is None and backend.stream_is_capturing(stream._handle):
-                    raise CaptureError(f"{stream.name} is capturing: a graph is replayed on a stream that is not capturing")
+                    raise _capturing(stream)
             armed: tuple[tuple[str, HostRequest], ...] = ()
             if state.slots:  # armed before the launch: replays match runs FIFO
                 pushed = []
@@ -425,7 +429,7 @@ class Graph:
                     pool.append(event)
                     if failed[0] < 2:  # nothing was enqueued
                         self._disarm(state, armed)
-                        raise failed[1] or CaptureError(f"{stream.name} is capturing: a graph is replayed on a stream that is not capturing")
+                        raise failed[1] or _capturing(stream)
             with state.lock:
                 state.pending += 1
             if stream not in state.streams:  # a root buffer's streams only grow while the graph holds it

@@ -380,3 +380,15 @@ def test_the_executor_is_built_where_the_install_requires_it() -> None:
     if os.environ.get("STREAMRT_REQUIRE_NATIVE") != "1":
         pytest.skip("STREAMRT_REQUIRE_NATIVE is not set")
     assert _native_ops.available(), "streamrt._backends._launch_c did not build: see the pip install output"
+
+
+@built
+def test_serve_events_makes_a_backends_event_calls_the_executors() -> None:
+    driver = FakeDriver(hip=False)
+    ops = ops_over(driver)
+    backend = SimpleNamespace()
+    ops.serve_events(backend)
+    backend.event_record(0xE1, 0x50)
+    assert backend.event_query(0xE1) is True
+    backend.event_synchronize(0xE1)
+    assert driver.log == [("record", 0xE1, 0x50), ("query", 0xE1), ("sync", 0xE1)]

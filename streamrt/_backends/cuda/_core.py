@@ -88,10 +88,8 @@ class CudaCore:
             resolve=lambda name: _proc_address(libcuda, name),
             backend=self,
         )
-        if self.native_ops is not None:  # the hottest single calls skip the binding layer (same results, same errors)
-            self.event_record = self.native_ops.record  # type: ignore[method-assign]
-            self.event_query = self.native_ops.query  # type: ignore[method-assign]
-            self.event_synchronize = self.native_ops.synchronize  # type: ignore[method-assign]
+        if self.native_ops is not None:
+            self.native_ops.serve_events(self)
         self._signals: dict[int, int] = {}  # signal (host address) -> its device address
 
         if device is not None:

@@ -74,10 +74,8 @@ class HipCore:
         self._compiler_version: str | None = None
         self._closed = False
         self.native_ops: NativeOps | None = self._load_native_ops()
-        if self.native_ops is not None:  # the hottest single calls skip hip-python (same results, same errors)
-            self.event_record = self.native_ops.record  # type: ignore[method-assign]
-            self.event_query = self.native_ops.query  # type: ignore[method-assign]
-            self.event_synchronize = self.native_ops.synchronize  # type: ignore[method-assign]
+        if self.native_ops is not None:
+            self.native_ops.serve_events(self)
 
     def _load_native_ops(self) -> NativeOps | None:
         """A launch's calls in one native call, on the HIP library hip-python opened (see ``_native_ops``).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import os
@@ -9,6 +10,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -237,14 +239,23 @@ def test_polling_retires_nothing_while_another_thread_retires(harness: Harness, 
     harness.backend.event_destroy(ev)
 
 
-def test_a_poll_retires_done_entries_in_order_on_the_calling_thread(harness: Harness, engine: CompletionEngine) -> None:
-    s = harness.stream()
+@contextlib.contextmanager
+def _polled_lane(engine: CompletionEngine, s: int) -> Iterator[Any]:
+    """``s``'s lane, its thread started and asleep while a poller with a deadline a minute ahead holds it."""
     engine.completion_for_stream(s).wait(5)
     engine.drain()
     lane = engine._lane(s)
     holder = object()
-    lane.pollers[holder] = time.perf_counter_ns() + int(60e9)  # type: ignore[index]  # the lane thread stays asleep
+    lane.pollers[holder] = time.perf_counter_ns() + int(60e9)  # type: ignore[index]
     try:
+        yield lane
+    finally:
+        lane.end_poll(holder)  # type: ignore[arg-type]
+
+
+def test_a_poll_retires_done_entries_in_order_on_the_calling_thread(harness: Harness, engine: CompletionEngine) -> None:
+    s = harness.stream()
+    with _polled_lane(engine, s) as lane:
         gate = harness.gate(s)
         seen: list[tuple[int, int]] = []
         cs = [engine.completion_for_stream(s) for _ in range(4)]
@@ -257,10 +268,7 @@ def test_a_poll_retires_done_entries_in_order_on_the_calling_thread(harness: Har
         lane.poll()
         assert not lane._queue  # all retired
         assert seen == [(i, threading.get_ident()) for i in range(4)]
-    finally:
-        lane.end_poll(holder)  # type: ignore[arg-type]
     assert engine.statistics().pending == 0
-
 
 
 def test_a_poll_that_finds_nothing_new_done_makes_one_query(harness: Harness) -> None:
@@ -269,12 +277,7 @@ def test_a_poll_that_finds_nothing_new_done_makes_one_query(harness: Harness) ->
     counting = CountingQueries(harness.backend)
     engine = harness.engine(counting)
     s = harness.stream()
-    engine.completion_for_stream(s).wait(5)
-    engine.drain()
-    lane = engine._lane(s)
-    holder = object()
-    lane.pollers[holder] = time.perf_counter_ns() + int(60e9)  # type: ignore[index]  # the lane thread stays asleep
-    try:
+    with _polled_lane(engine, s) as lane:
         gate = harness.gate(s)
         cs = [engine.completion_for_stream(s) for _ in range(5)]
         for _ in range(3):
@@ -288,9 +291,8 @@ def test_a_poll_that_finds_nothing_new_done_makes_one_query(harness: Harness) ->
         lane._polled_ns = 0
         lane.poll()
         assert counting.queries - before == 2 and not lane._queue and all(c.is_done for c in cs)
-    finally:
-        lane.end_poll(holder)  # type: ignore[arg-type]
     engine.drain()
+
 
 def test_a_lane_retires_everything_behind_a_done_newest_event_after_one_query(harness: Harness) -> None:
     """Events of a lane complete in stream order: when the newest is done, so is the rest."""
