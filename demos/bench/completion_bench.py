@@ -2,7 +2,7 @@
 
 A script, not a test (pytest does not collect it). Run it on each backend::
 
-    python demos/bench/completion_bench.py --backend cuda [--rounds 3] [--out out.json]
+    python demos/bench/completion_bench.py --backend cuda [--rounds 3] [--parts awaits,stall] [--out out.json]
 
 What it measures, side by side, interleaving variants and repeating rounds
 (single runs differ by 2x on the H200):
@@ -331,15 +331,38 @@ async def _loop_cpu_per_await(s: srt.Stream, rt: srt.Runtime, n: int) -> float:
     return cpu / n * 1e6
 
 
+#: The parts of the benchmark (``--parts``): latency, throughput, loop and idle CPU; the host-function stall.
+PARTS = ("awaits", "stall")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--n", type=int, default=2000, help="awaits per latency sample set")
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
+    ap.add_argument(
+        "--parts", default=",".join(PARTS), help=f"what to measure, a subset of {','.join(PARTS)} (default all; 'awaits' is all but the stall)"
+    )
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
+    if not parts <= set(PARTS):
+        ap.error(f"--parts: unknown {sorted(parts - set(PARTS))}; choose from {','.join(PARTS)}")
 
     report: dict[str, Any] = {"python": sys.version.split()[0]}
+    if "awaits" in parts:
+        _awaits(args, report)
+    if "stall" in parts:
+        report["host_function_stall"] = _stall_variants(report.get("backend", args.backend), rounds=30 * args.rounds)
+    text = json.dumps(report, indent=2, default=str)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+
+def _awaits(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    """Await latency, sustained completions, the loop's CPU per await, callbacks and idle CPU, into ``report``."""
     with srt.open_runtime(args.backend) as rt, srt.open_runtime(args.backend, await_poll_us=0) as rt_lanes:
         report["backend"] = rt.backend_name
         report["device"] = rt.capabilities.device_name
@@ -389,11 +412,6 @@ def main() -> None:
         rt._engine.drain()
         report["engine"] = dataclasses.asdict(rt._engine.statistics())
         report["idle_cpu_s_per_s"] = _idle_cpu(rt)
-    report["host_function_stall"] = _stall_variants(report["backend"], rounds=30 * args.rounds)
-    text = json.dumps(report, indent=2, default=str)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -114,3 +114,15 @@ def test_the_suite_passes_on_the_simulator(tmp_path: Path, capsys: pytest.Captur
         assert entries["train_loop_bench"]["result"]["machine"]["device"] == "cpu (simulator)"
         assert entries["train_loop_bench"]["result"]["sizes"]["xs"]["losses_agree"] is True
         assert entries["train_loop_breakdown"]["result"]["device"] == "cpu (sim)"
+
+
+def test_completion_bench_measures_only_the_parts_asked_for(tmp_path: Path) -> None:
+    out = tmp_path / "stall.json"
+    run = _run_script("completion_bench", "--backend", "sim", "--rounds", "1", "--parts", "stall", "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    report = json.loads(out.read_text())
+    assert "await_latency" not in report and "sustained_completions_per_s" not in report
+    rows = report["host_function_stall"]
+    assert "native no-op (sem_post) [switch 10us]" in rows and "python fn on worker (streamrt) [switch 10us]" in rows
+    bad = _run_script("completion_bench", "--backend", "sim", "--parts", "stall,bogus")
+    assert bad.returncode == 2 and "unknown ['bogus']" in bad.stderr
