@@ -32,8 +32,7 @@ from ._trace import BlockingRecord, Trace, TraceRecord
 from ._trace import label as trace_label
 from ._trace_report import TraceReport
 from . import _interop, _trace_export, torch  # noqa: F401 - they serve hooks of the layers below (_extensions)
-
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "Allocator",

@@ -47,6 +47,7 @@ import os
 from typing import TYPE_CHECKING, Any, Iterator, Sequence, Union
 
 from ._extensions import provide
+from ._version import __version__
 
 if TYPE_CHECKING:
     from ._trace import Trace, TraceRecord
@@ -133,8 +134,6 @@ def _lanes(events: list[tuple[float, float, int]]) -> dict[int, int]:
 
 def chrome_trace(traces: Trace | Sequence[Trace], *, bubbles: bool = True) -> dict[str, Any]:
     """The Chrome trace-event JSON object for one or several traces (see the module docstring)."""
-    from . import __version__
-
     events: list[dict[str, Any]] = []
     other: list[dict[str, Any]] = []
     flow_ids = itertools.count(1)

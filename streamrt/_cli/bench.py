@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import IO, Any, Sequence
 
+from .._version import __version__
 from .inputs import CommandError, output_dir
 from .progress import Progress
 
@@ -164,8 +165,6 @@ def run_bench(
     a folder, an ``only`` name that is not in it, a backend that is not available here,
     or an ``out_dir`` that cannot be made.
     """
-    from .. import __version__
-
     out = out or sys.stdout
     suite_dir = Path(suite) if suite else default_suite()
     if suite_dir is None:

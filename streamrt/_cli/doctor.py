@@ -27,6 +27,7 @@ from typing import Any
 
 from .._backends import BACKEND_NAMES, load_backend, probe_backend, select_auto
 from .._errors import BackendUnavailableError
+from .._version import __version__
 
 __all__ = ["BackendStatus", "DeviceInfo", "DoctorReport", "LibraryStatus", "diagnose", "native_module_problem"]
 
@@ -266,8 +267,6 @@ def native_module_problem(module: str) -> str | None:
 
 def diagnose(*, backends: tuple[str, ...] = BACKEND_NAMES) -> DoctorReport:
     """Probe ``backends``, the GPU device files and tools, and the optional libraries."""
-    from .. import __version__
-
     statuses = tuple(_backend_status(n) for n in backends)
     hardware: list[tuple[str, bool, str]] = [(what, os.path.exists(path), meaning) for what, path, meaning in _HARDWARE_HINTS]
     hardware += [(f"{tool} on PATH", shutil.which(tool) is not None, f"not on PATH ({where})") for tool, where in _TOOLS]

@@ -11,6 +11,7 @@ import argparse
 import math
 
 from .._backends import BACKEND_NAMES
+from .._version import __version__
 
 __all__ = ["BACKENDS", "build_parser", "non_negative_float", "non_negative_int", "positive_float", "positive_int"]
 
@@ -60,8 +61,6 @@ def non_negative_float(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``streamrt``: ``--version``, ``--debug`` (before or after the command) and six commands."""
-    from .. import __version__
-
     debug_help = "on an error, print its traceback too"
     parser = argparse.ArgumentParser(
         prog="streamrt",

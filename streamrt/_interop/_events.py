@@ -23,6 +23,8 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
+from .._extensions import hook
+
 if TYPE_CHECKING:
     from .._stream import Stream
 
@@ -88,11 +90,9 @@ def _wait_work(stream: Stream, work: Any) -> None:
             "this torch's distributed Work has no block_current_stream(): order a stream after a collective "
             "with a newer torch, or record a torch.cuda.Event after it and pass that event"
         )
-    from ..torch import as_torch_stream
-    from ..torch._lazy import torch_module
+    import torch  # loaded already: the caller holds one of its Work objects
 
-    torch = torch_module()
-    torch_stream = as_torch_stream(stream)
+    torch_stream = hook("as_torch_stream")(stream)
 
     def enqueue() -> None:
         with torch.cuda.stream(torch_stream):

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._buffer import DEVICE, PAGEABLE, Buffer
+from .._extensions import provide
 from .._stream import Stream
 from ._lazy import is_tensor, torch_module
 
@@ -219,3 +220,6 @@ def order_after(rt: Runtime, work: Any, stream: Stream | None = None) -> None:
     else:
         raise TypeError(f"order_after takes a Run (anything with join(stream)) or an Event, not {type(work).__name__}")
     ctx.order_host_after(work)
+
+
+provide("as_torch_stream", as_torch_stream)  # a foreign wait on a torch.distributed Work (streamrt._interop)
