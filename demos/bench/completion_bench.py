@@ -360,7 +360,6 @@ def main() -> None:
         args.out.write_text(text + "\n")
 
 
-
 def _awaits(args: argparse.Namespace, report: dict[str, Any]) -> None:
     """Await latency, sustained completions, the loop's CPU per await, callbacks and idle CPU, into ``report``."""
     with srt.open_runtime(args.backend) as rt, srt.open_runtime(args.backend, await_poll_us=0) as rt_lanes:
