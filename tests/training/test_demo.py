@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -111,3 +112,34 @@ def test_the_whole_step_in_one_torch_graph_matches_plain_torch(demo: ModuleType,
     assert demo.compare([a, d], rtol=rtol, atol=atol) == []
     assert d.verified_steps == list(range(0, cfg.steps, cfg.verify_every))  # 3 eager steps, then replays
     assert d.stats["host_us_per_step"]["replay"] > 0
+
+
+class _CountedFetch:
+    """A stand-in FetchFuture: counts the polls of ``is_done``; lands when told."""
+
+    def __init__(self) -> None:
+        self.polls = 0
+        self.landed = False
+
+    @property
+    def is_done(self) -> bool:
+        self.polls += 1
+        return self.landed
+
+    def result(self) -> Any:
+        return b"metadata"
+
+
+def test_the_metadata_check_polls_only_past_its_depth(demo: ModuleType) -> None:
+    """The loop's verification never polls while few copies are pending, then collects the landed ones, oldest first."""
+    check = demo._MetadataCheck(params=None, depth=2)
+    futs = [_CountedFetch() for _ in range(4)]
+    check.add(0, None, futs[0])
+    check.add(10, None, futs[1])
+    assert [f.polls for f in futs] == [0, 0, 0, 0]  # two pending: nothing polled
+    futs[0].landed = True
+    check.add(20, None, futs[2])  # three pending: the oldest is polled and collected, the next one polled
+    assert [step for step, _cu, _got in check.landed] == [0]
+    assert [f.polls for f in futs] == [1, 1, 0, 0] and len(check.pending) == 2
+    check.add(30, None, futs[3])  # the oldest pending has not landed: one poll, nothing collected
+    assert [f.polls for f in futs] == [1, 2, 0, 0] and len(check.pending) == 3
