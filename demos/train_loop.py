@@ -457,12 +457,10 @@ def run_whole_graph(cfg: Config, device: torch.device, rt: srt.Runtime, *, on_st
             t_c = time.perf_counter()
             _span(rt, "warmup step" if step < cfg.warmup else "graph replay", whole, step)
             t_d = time.perf_counter()
-            if prep is not None and step % cfg.verify_every == 0:
-                fut = st.fetch(rt, meta)  # before the next step rewrites it
-                t_e = time.perf_counter()
+            fut = st.fetch(rt, meta) if prep is not None and step % cfg.verify_every == 0 else None  # before the next step rewrites it
+            t_e = time.perf_counter()
+            if fut is not None:
                 check.add(step, host_cu[step], fut)
-            else:
-                t_e = time.perf_counter()
             if step > cfg.warmup:
                 t_f = time.perf_counter()
                 spent += (t_b - t_a, t_d - t_c, (t_c - t_b) + (t_f - t_d), t_e - t_d, t_f - t_e)

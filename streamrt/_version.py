@@ -1,3 +1,3 @@
-"""streamrt's version (as in pyproject.toml), in a module of its own so that every layer can import it."""
+"""streamrt's version: pyproject.toml reads it from here, and every layer may import it."""
 
 __version__ = "0.1.0"
