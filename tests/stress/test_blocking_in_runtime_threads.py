@@ -11,12 +11,11 @@ import pytest
 from support.child import assert_clean, run_child
 
 _HOST_FN = """
-import ctypes, time
+import threading, time
 import streamrt as srt
 rt = srt.open_runtime("sim")
 s = rt.create_stream()
 other = rt.create_stream()
-other.launch_host_func(ctypes.CFUNCTYPE(None, ctypes.c_void_p)(("sleep", ctypes.CDLL(None))), 3)  # busy for 3 s: long enough on a loaded 2-core machine
 WAITS = {{
     "stream.synchronize": lambda: s.synchronize(),
     "runtime.synchronize": lambda: rt.synchronize(),
@@ -25,8 +24,14 @@ WAITS = {{
     "other stream's wait_idle().wait()": lambda: other.wait_idle().wait(),
 }}
 wait = WAITS[{which!r}]
+queued = threading.Event()
+def host_fn():
+    queued.wait(10)  # until other waits for this host function too, however slow the machine
+    wait()
 t0 = time.monotonic()
-done = s.launch_host_func(wait)
+done = s.launch_host_func(host_fn)
+other.wait(s.record())  # other's work is queued behind the host function
+queued.set()
 try:
     done.result(20)
 except RuntimeError as exc:
