@@ -65,14 +65,16 @@ def test_blocking_wait_inside_a_done_callback_raises() -> None:
             s.wait_idle().wait()
         except RuntimeError as exc:
             seen.append(exc)
-    import time
-    first = s.launch_host_func(time.sleep, 0.2)   # still running when the callback is added
+    import threading, time
+    added = threading.Event()
+    first = s.launch_host_func(added.wait, 10)   # still running when the callback is added
     first.add_done_callback(callback)
+    added.set()
     first.result(10)
     s.synchronize()
     for _ in range(200):
         if seen: break
-        import time; time.sleep(0.05)
+        time.sleep(0.05)
     assert seen and isinstance(seen[0], RuntimeError), seen
     rt.close()
     print("OK")
