@@ -178,8 +178,10 @@ def test_runtime_worker_and_lane_threads_run_with_a_tight_timer_slack() -> None:
         s = rt.create_stream()
         worker = s.launch_host_func(slack_here).result(5)  # runs on the stream's worker
         seen: list[tuple[str, int]] = []
-        slow = s.launch_host_func(time.sleep, 0.2)
-        slow.add_done_callback(lambda _c: seen.append(slack_here()))  # runs on the stream's lane
+        added = threading.Event()
+        slow = s.launch_host_func(added.wait, 5)  # still running when the callback is added
+        slow.add_done_callback(lambda _c: seen.append(slack_here()))  # so it runs on the stream's lane
+        added.set()
         slow.result(5)
         assert wait_until(lambda: bool(seen))
     (lane,) = seen
