@@ -2,7 +2,8 @@
 
 The helpers are ``Prefetcher.__next__`` (staging the next batch and handing one out),
 ``fetch`` (the loss back to the host) and ``MetricsLogger.log`` (a fetch plus emitting a
-landed step), at the training loop's size ``s`` (``demos/train_loop.py``: tokens and
+landed step; and with ``group=8``, eight calls together, of which one copies the eight
+values out), at the training loop's size ``s`` (``demos/train_loop.py``: tokens and
 targets int64 x 2048, ``cu_seqlens`` int32 x 17), on the simulator with CPU torch.
 
 Method (``count_calls.py``'s, extended): ``sys.setprofile`` sees every call made on the
@@ -184,9 +185,18 @@ def measure(backend: str = "sim") -> dict[str, Calls]:
             torch_stream.synchronize()
         _, rows["MetricsLogger.log"] = profile(lambda: logger.log(6, loss))
         logger.flush(10)
+        grouped = st.MetricsLogger(rt, lag=2, sink=None, group=GROUP)
+        for step in range(3 * GROUP):  # the steady state: a group sent and emitted every GROUP calls
+            grouped.log(step, loss)
+            torch_stream.synchronize()
+        _, rows[f"log, group={GROUP} ({GROUP} calls)"] = profile(lambda: [grouped.log(3 * GROUP + i, loss) for i in range(GROUP)])
+        grouped.flush(10)
         del device
     return rows
 
+
+#: ``MetricsLogger(group=GROUP)``'s row counts ``GROUP`` calls together: one sends the group, the others hold.
+GROUP = 8
 
 #: Bounds on the calls of one warm helper call outside the simulator variant (``total - sim``: what the
 #: common code makes on every backend). What the variant makes depends on when the simulator's aliased
@@ -195,6 +205,8 @@ GOALS: dict[str, dict[str, int]] = {
     "Prefetcher.__next__": {"streamrt": 14, "backend": 5, "torch": 11},
     "fetch": {"streamrt": 14, "backend": 3, "torch": 1},
     "MetricsLogger.log": {"streamrt": 28, "backend": 4, "torch": 1},
+    # GROUP calls: one copy out for all of them, a detach each and one stack
+    f"log, group={GROUP} ({GROUP} calls)": {"streamrt": 130, "backend": 4, "torch": GROUP + 2},
 }
 
 
@@ -273,7 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default=None, help="streamrt backend (default: sim, or auto with --device cuda)")
     parser.add_argument("--device", default=None, choices=("cuda", "cpu"), help="torch's device (default: cpu with the simulator, else cuda)")
     parser.add_argument("--out", "--json", dest="json", type=Path, help="write the counts (and the calls) here")
-    parser.add_argument("--show", choices=("Prefetcher.__next__", "fetch", "MetricsLogger.log"), help="list the calls of one helper")
+    parser.add_argument(
+        "--show", choices=("Prefetcher.__next__", "fetch", "MetricsLogger.log", f"log, group={GROUP} ({GROUP} calls)"), help="list the calls of one helper"
+    )
     args = parser.parse_args(argv)
     on_gpu = (args.device or ("cuda" if args.backend not in (None, "sim") else "cpu")) == "cuda"
     if on_gpu and not torch.cuda.is_available():

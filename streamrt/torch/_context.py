@@ -116,6 +116,11 @@ class TorchContext:
         """
         raise NotImplementedError
 
+    def check_tensor(self, tensor: Any) -> None:
+        """Raise as :meth:`fetch_source` would for a tensor this runtime cannot copy out, doing nothing else."""
+        if not tensor.is_cpu:  # both variants refuse these before any side effect; CPU tensors all pass
+            self.fetch_source(tensor)
+
     def release_source(self, temporary: Buffer, stream: Stream) -> None:
         """Release a :meth:`fetch_source` temporary once a copy from it is enqueued on ``stream``
         (or failed to be): it is reused once ``stream`` has passed the copy."""

@@ -23,6 +23,14 @@ from the training loop; ``flush`` blocks on the events (GIL released) and
 ``aflush`` awaits them. Call ``log`` and ``poll`` outside a graph capture:
 their event queries are not allowed during a global-mode capture.
 
+With ``group=k``, the tensors of ``k`` log calls travel in one copy: ``log``
+keeps a (detached) reference to each value, and every ``k``-th call joins
+them on the device (one ``torch.stack`` or ``torch.cat`` per dtype) and
+copies that out. The other calls enqueue nothing. A step is then due ``lag``
+log calls after its group was sent; ``flush`` sends a partial group, ``poll``
+does not. The values are read when the group is sent: log a tensor that is
+not modified in place afterwards (a step's loss is a new tensor each step).
+
 The sink is called on the thread that calls ``log``/``flush`` (never on a
 runtime thread) with ``(step, value)``: a Python scalar for one-element
 tensors, a numpy array otherwise, a dict of those for a dict of tensors.
@@ -34,6 +42,7 @@ Thread rules: use a logger from one thread (the training loop's).
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -44,7 +53,7 @@ from .._completion import Completion
 from .._errors import ClosedError
 from ._context import TorchContext, context
 from ._fetch import HostCopy, copy_source, enqueue_copy
-from ._lazy import is_tensor
+from ._lazy import host_dtype, is_tensor, torch_module
 
 if TYPE_CHECKING:
     from .._event import Event
@@ -116,24 +125,91 @@ class _Landing:
         ctx.give_event(self.event)
 
 
-class _Pending:
-    __slots__ = ("keys", "late", "parts", "seq", "step")
+class _GroupCopy:
+    """One copy out of the values of several log calls (``group=``): their :class:`_Landing`, then the
+    landed array they are read from. The staging goes back with the first read, or once every value
+    was dropped."""
 
-    def __init__(self, step: int, keys: tuple[str, ...] | None, parts: list[Any], seq: int) -> None:
+    __slots__ = ("array", "landing", "users")
+
+    def __init__(self, copy: _Landing | np.ndarray, users: int) -> None:
+        self.landing: _Landing | None = None
+        self.array: np.ndarray | None = None
+        if isinstance(copy, np.ndarray):  # the values were in pageable host memory
+            self.array = copy.reshape(-1)
+        else:
+            self.landing = copy
+        self.users = users
+
+    def value(self, ctx: TorchContext, offset: int, shape: tuple[int, ...]) -> np.ndarray:
+        if self.array is None:
+            assert self.landing is not None
+            self.array = self.landing.take(ctx).reshape(-1)
+            self.landing = None
+        self.users -= 1
+        return self.array[offset : offset + math.prod(shape)].reshape(shape)
+
+    def drop(self, ctx: TorchContext) -> None:
+        self.users -= 1
+        if not self.users and self.landing is not None:
+            self.landing.drop(ctx)
+            self.landing = None
+
+
+class _Grouped:
+    """A value logged with ``group=``: the tensor until its group is sent, then its place in the group's copy."""
+
+    __slots__ = ("copy", "offset", "shape", "tensor")
+
+    def __init__(self, tensor: Any) -> None:
+        self.tensor: Any = tensor
+        self.shape: tuple[int, ...] = tuple(tensor.shape)
+        self.copy: _GroupCopy | None = None
+        self.offset = 0
+
+    @property
+    def landing(self) -> _Landing | None:
+        return None if self.copy is None else self.copy.landing
+
+    def landed(self) -> bool:
+        copy = self.copy
+        return copy is not None and (copy.landing is None or copy.landing.landed())
+
+    def take(self, ctx: TorchContext) -> np.ndarray:
+        assert self.copy is not None
+        return self.copy.value(ctx, self.offset, self.shape)
+
+    def drop(self, ctx: TorchContext) -> None:
+        self.tensor = None
+        if self.copy is not None:
+            self.copy.drop(ctx)
+
+
+class _Pending:
+    __slots__ = ("held", "keys", "late", "parts", "seq", "step")
+
+    def __init__(self, step: int, keys: tuple[str, ...] | None, parts: list[Any], held: bool = False) -> None:
         self.step = step
         self.keys = keys  # a dict's keys, in order (None: one value)
-        self.parts = parts  # per value: an array (already on the host) or a _Landing
-        self.seq = seq
+        self.parts = parts  # per value: an array (already on the host), a _Landing or a _Grouped
+        self.seq = 0  # the log call that made it due (its own, or the one that sent its group)
+        self.held = held  # a part waits for its group to be sent
         self.late = False
 
     def landed(self) -> bool:
         for part in self.parts:
-            if type(part) is _Landing and not part.landed():
+            if type(part) is not np.ndarray and not part.landed():
                 return False
         return True
 
     def in_flight(self) -> list[_Landing]:
-        return [p for p in self.parts if type(p) is _Landing and not p.landed()]
+        """The copies this step still waits for (its group sent)."""
+        out = []
+        for part in self.parts:
+            landing = part if type(part) is _Landing else getattr(part, "landing", None)
+            if landing is not None and not landing.landed():
+                out.append(landing)
+        return out
 
 
 class MetricsLogger:
@@ -149,6 +225,8 @@ class MetricsLogger:
         stream: the stream the copies are made on (default: torch's current stream,
             the one that computed the values; see :func:`~streamrt.torch.fetch`).
         keep: keep every emitted ``(step, value)`` in :attr:`records`.
+        group: copy the tensors of this many ``log`` calls out together, in one copy
+            (1: each call copies its own; see the module docstring).
     """
 
     def __init__(
@@ -160,9 +238,12 @@ class MetricsLogger:
         name: str = "loss",
         stream: Stream | None = None,
         keep: bool = True,
+        group: int = 1,
     ) -> None:
         if isinstance(lag, bool) or not isinstance(lag, int) or lag < 0:
             raise ValueError(f"lag must be a non-negative int, got {lag!r}")
+        if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+            raise ValueError(f"group must be a positive int, got {group!r}")
         if sink is not None and not callable(sink):
             raise TypeError(f"sink must be callable (or None), got {type(sink).__name__}")
         self._rt = rt
@@ -172,6 +253,11 @@ class MetricsLogger:
         self._name = name
         self._stream = stream
         self._keep = keep
+        self._group = group
+        self._held: list[_Grouped] = []  # values of the group not sent yet, in log order
+        self._held_steps: list[_Pending] = []  # the steps they belong to
+        self._checked: set[Any] = set()  # (dtype, device) of tensors known to be fit to copy out
+        self._since_send = 0  # log calls since the last group was sent
         self._pending: collections.deque[_Pending] = collections.deque()
         self._records: list[tuple[int, Any]] = []
         self._seq = 0
@@ -185,6 +271,10 @@ class MetricsLogger:
     @property
     def lag(self) -> int:
         return self._lag
+
+    @property
+    def group(self) -> int:
+        return self._group
 
     @property
     def records(self) -> list[tuple[int, Any]]:
@@ -201,33 +291,37 @@ class MetricsLogger:
         """Start copying ``value`` (a tensor, a dict of tensors, or plain numbers) and emit what is due.
 
         Never blocks: it enqueues the copies (per tensor a D2H and an event on its
-        stream) and checks whether the oldest due steps have landed (an event query
-        each). Exceptions of the sink propagate to the caller.
+        stream; with ``group=k``, those of the last ``k`` calls on every ``k``-th call)
+        and checks whether the oldest due steps have landed (an event query each).
+        Raises ``TypeError``/``ValueError`` for a value it cannot copy out, with nothing
+        logged. Exceptions of the sink propagate to the caller.
         """
         if self._closed:
             raise ValueError("this MetricsLogger is closed")
+        if self._group > 1:
+            self._log_held(step, value)
+            return
         if isinstance(value, Mapping):
             keys: tuple[str, ...] | None = tuple(map(str, value))
             parts = self._start_all(list(value.values()))
         else:
             keys, parts = None, [self._start(value)]
-        self._seq += 1
-        self._pending.append(_Pending(int(step), keys, parts, self._seq))
-        if len(self._pending) > self._max_pending:
-            self._max_pending = len(self._pending)
-        self._emit()
+        self._append(_Pending(int(step), keys, parts))
 
     def poll(self) -> int:
         """Emit what is due and has landed, without logging; returns the number of steps emitted."""
         return self._emit()
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait for every pending copy and emit everything, in step order (blocks; the GIL is released).
+        """Send a partial group, wait for every pending copy and emit everything, in step order
+        (blocks; the GIL is released).
 
         Raises ``TimeoutError`` if a copy has not landed after ``timeout`` seconds
         (what landed before it is emitted; the rest stays pending). Flush before the
         runtime closes: values not yet copied out then raise ``ClosedError``.
         """
+        if self._held:
+            self._send()
         while self._pending:
             for part in self._pending[0].in_flight():
                 self._blocking_waits += 1
@@ -240,6 +334,8 @@ class MetricsLogger:
 
     async def aflush(self) -> None:
         """:meth:`flush` for asyncio: awaits the copies without blocking the event loop."""
+        if self._held:
+            self._send()
         while self._pending:
             for part in self._pending[0].in_flight():
                 await part.event
@@ -280,13 +376,83 @@ class MetricsLogger:
         )
 
     # -- internals ---------------------------------------------------------------------------------
+    def _append(self, entry: _Pending) -> None:
+        self._seq += 1
+        entry.seq = self._seq
+        self._pending.append(entry)
+        if len(self._pending) > self._max_pending:
+            self._max_pending = len(self._pending)
+        self._emit()
+
+    def _log_held(self, step: int, value: Any) -> None:
+        """``log`` with ``group=``: hold the tensors; every ``group``-th call sends the held ones."""
+        ctx = self._ctx
+        if self._rt._closed:
+            self._rt._check_open()
+        keys: tuple[str, ...] | None = None
+        values = [value]
+        if isinstance(value, Mapping):
+            keys, values = tuple(map(str, value)), list(value.values())
+        parts: list[Any] = []
+        held: list[_Grouped] = []
+        for v in values:  # checked first: a value that cannot be copied out logs nothing
+            if is_tensor(v):
+                kind = (v.dtype, v.device)
+                if kind not in self._checked:
+                    host_dtype(v.dtype)
+                    ctx.check_tensor(v)
+                    self._checked.add(kind)
+                part = _Grouped(v.detach())
+                held.append(part)
+                parts.append(part)
+            elif isinstance(v, Completion):
+                raise TypeError("log a tensor (or a number), not a future")
+            else:
+                parts.append(np.asarray(v))
+        entry = _Pending(int(step), keys, parts, held=bool(held))
+        if held:
+            self._held += held
+            self._held_steps.append(entry)
+        self._append(entry)
+        self._since_send += 1
+        if self._since_send >= self._group:
+            self._send()
+
+    def _send(self) -> None:
+        """Copy the held values out: per (dtype, device), one tensor joined on the device and one copy."""
+        self._since_send = 0
+        held = self._held
+        by_kind: dict[Any, list[_Grouped]] = {}
+        for part in held:
+            t = part.tensor
+            by_kind.setdefault((t.dtype, t.device), []).append(part)
+        torch = torch_module()
+        try:
+            for parts in by_kind.values():
+                tensors = [p.tensor for p in parts]
+                shape = parts[0].shape
+                if all([p.shape == shape for p in parts]):
+                    joined = torch.stack(tensors)
+                else:
+                    joined = torch.cat([t.reshape(-1) for t in tensors])
+                copy = _GroupCopy(self._start(joined), len(parts))
+                offset = 0
+                for p in parts:
+                    p.copy, p.offset, p.tensor = copy, offset, None
+                    offset += math.prod(p.shape)
+        finally:  # what was not sent stays held (raised: the runtime closed, a capture in progress)
+            self._held = [p for p in held if p.copy is None]
+        for entry in self._held_steps:  # due `lag` log calls from now
+            entry.held, entry.seq = False, self._seq
+        self._held_steps = []
+
     def _start_all(self, values: list[Any]) -> list[Any]:
         parts: list[Any] = []
         try:
             for v in values:
                 parts.append(self._start(v))
         except BaseException:
-            _drop_all(self._ctx, [_Pending(0, None, parts, 0)])
+            _drop_all(self._ctx, [_Pending(0, None, parts)])
             raise
         return parts
 
@@ -317,6 +483,8 @@ class MetricsLogger:
         pending = self._pending
         while pending:
             head = pending[0]
+            if head.held:
+                break
             age = self._seq - head.seq
             if age < self._lag:
                 break
@@ -334,7 +502,7 @@ class MetricsLogger:
         ctx = self._ctx
         values = []
         for part in head.parts:
-            values.append(_plain(part.take(ctx) if type(part) is _Landing else part))
+            values.append(_plain(part if type(part) is np.ndarray else part.take(ctx)))
         value: Any = values[0] if head.keys is None else dict(zip(head.keys, values))
         self._emitted += 1
         if delay is not None and delay > self._max_delay:
@@ -348,6 +516,7 @@ class MetricsLogger:
             sink(head.step, value)
 
     def _drop_pending(self) -> None:
+        self._held, self._held_steps = [], []
         pending, self._pending = list(self._pending), collections.deque()
         if pending and not self._rt._closed:
             _drop_all(self._ctx, pending)
@@ -357,7 +526,7 @@ def _drop_all(ctx: TorchContext, pending: list[_Pending]) -> None:
     """Give back the staging and events of steps that will not be emitted."""
     for head in pending:
         for part in head.parts:
-            if type(part) is _Landing:
+            if type(part) is not np.ndarray:
                 part.drop(ctx)
 
 

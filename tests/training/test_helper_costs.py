@@ -40,7 +40,8 @@ def test_calls_per_warm_helper_call_stay_within_their_goals() -> None:
     calls = _helper_calls()
     rows = calls.measure("sim")
     assert calls.over_goals(rows) == []
-    for name in ("Prefetcher.__next__", "fetch", "MetricsLogger.log"):  # one copy each, outside the sim variant
+    # one copy each outside the sim variant; MetricsLogger(group=8): one for eight calls
+    for name in ("Prefetcher.__next__", "fetch", "MetricsLogger.log", f"log, group={calls.GROUP} ({calls.GROUP} calls)"):
         common = Counter(rows[name].backend) - Counter(rows[name].sim["backend"])
         assert common["MemoryCalls.memcpy_async"] == 1, (name, common)
 
@@ -90,19 +91,20 @@ def test_a_bad_leaf_raises_before_anything_is_allocated(trt: srt.Runtime) -> Non
     pf.close()
 
 
-def test_a_dropped_logger_gives_its_staging_back(sim_rt: srt.Runtime) -> None:
+@pytest.mark.parametrize("group", [1, 2])
+def test_a_dropped_logger_gives_its_staging_back(sim_rt: srt.Runtime, group: int) -> None:
     """Copies still pending when a logger is closed, or dropped without closing, return their staging
-    blocks once the stream has passed them."""
+    blocks once the stream has passed them (with group=2: a group sent, and a step still held)."""
     alloc = sim_rt.host_allocator
     base = alloc.statistics().in_use_bytes
     loss = on_device(sim_rt, torch.tensor(1.0))
-    logger = st.MetricsLogger(sim_rt, lag=5, sink=None)
+    logger = st.MetricsLogger(sim_rt, lag=5, sink=None, group=group)
     for step in range(3):
         logger.log(step, loss)
     assert alloc.statistics().in_use_bytes > base
     logger.close()
     assert alloc.statistics().in_use_bytes == base
-    logger = st.MetricsLogger(sim_rt, lag=5, sink=None)
+    logger = st.MetricsLogger(sim_rt, lag=5, sink=None, group=group)
     for step in range(3):
         logger.log(step, loss)
     del logger

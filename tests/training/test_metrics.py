@@ -101,3 +101,114 @@ def test_values_pending_when_the_runtime_closes_raise_closed_error() -> None:
         logger.flush()
     logger.close()
     assert logger.pending == 0
+
+
+def _counting_copies(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the copies out that MetricsLogger enqueues (one D2H and one event record each)."""
+    from streamrt.torch import _metrics
+
+    copies = [0]
+    enqueue = _metrics.enqueue_copy
+
+    def counted(*args: Any) -> None:
+        copies[0] += 1
+        enqueue(*args)
+
+    monkeypatch.setattr(_metrics, "enqueue_copy", counted)
+    return copies
+
+
+def test_a_group_copies_the_values_of_several_log_calls_out_at_once(trt: srt.Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """group=8: one copy per 8 log calls, none between; every step still reaches the sink with its own value,
+    in order, and none before ``lag`` log calls after its group was sent; flush sends the partial group."""
+    copies = _counting_copies(monkeypatch)
+    emitted: list[tuple[int, Any, int]] = []
+    now = [0]
+    logger = st.MetricsLogger(trt, lag=2, group=8, sink=lambda step, value: emitted.append((step, value, now[0])))
+    for step in range(20):
+        now[0] = step
+        logger.log(step, on_device(trt, torch.tensor(step * 0.5)))
+        assert copies[0] == (step + 1) // 8
+    trt.synchronize()
+    logger.poll()  # both sent groups are due and landed; steps 16-19 are still held
+    assert [e[0] for e in emitted] == list(range(16))
+    now[0] = 10**6
+    logger.flush()
+    assert copies[0] == 3
+    assert [(e[0], e[1]) for e in emitted] == [(s, s * 0.5) for s in range(20)]
+    assert all(at >= (step // 8) * 8 + 7 + 2 for step, _v, at in emitted[:16])
+    stats = logger.statistics()
+    assert (stats.logged, stats.emitted, stats.pending) == (20, 20, 0)
+
+
+def test_a_group_of_dicts_copies_once_per_dtype_and_keeps_shapes(trt: srt.Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    copies = _counting_copies(monkeypatch)
+    logger = st.MetricsLogger(trt, lag=0, group=3, sink=None)
+    for step in range(3):
+        logger.log(
+            step,
+            {
+                "loss": on_device(trt, torch.tensor(1.0 + step)),
+                "half": on_device(trt, torch.tensor([0.5, step], dtype=torch.bfloat16)),
+                "counts": on_device(trt, torch.arange(step + 1, dtype=torch.int64)),  # its shape changes
+                "lr": 0.1,
+                "host": torch.tensor(0.25),  # beside a GPU: already on the host, no copy
+            },
+        )
+    assert copies[0] == 3  # float32, bfloat16, int64
+    logger.flush()
+    for step, value in logger.records:
+        assert value["loss"] == 1.0 + step and value["lr"] == pytest.approx(0.1) and value["host"] == 0.25
+        assert value["half"].dtype == np.float32 and value["half"].tolist() == [0.5, step]
+        assert np.atleast_1d(value["counts"]).tolist() == list(range(step + 1))  # one element: a scalar
+
+
+def test_a_value_that_cannot_be_copied_out_logs_nothing_in_a_group(trt: srt.Runtime) -> None:
+    logger = st.MetricsLogger(trt, group=4, sink=None)
+    logger.log(0, on_device(trt, torch.tensor(1.0)))
+    bad = torch.zeros(2, dtype=torch.float8_e4m3fn)
+    with pytest.raises(TypeError, match="no numpy counterpart"):
+        logger.log(1, {"loss": on_device(trt, torch.tensor(2.0)), "bad": bad})
+    with pytest.raises(TypeError, match="not a future"):
+        logger.log(1, trt.create_stream().wait_idle())
+    assert logger.statistics().logged == 1 and logger.pending == 1
+    logger.log(1, on_device(trt, torch.tensor(2.0)))
+    logger.flush()
+    assert logger.records == [(0, 1.0), (1, 2.0)]
+    with pytest.raises(ValueError, match="group"):
+        st.MetricsLogger(trt, group=0)
+
+
+def test_a_group_never_blocks_and_close_drops_what_it_holds(
+    trt: srt.Runtime, gate: Callable[[srt.Stream], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    emitted: list[int] = []
+    logger = st.MetricsLogger(trt, lag=0, group=4, sink=lambda step, _v: emitted.append(step))
+    losses = [on_device(trt, torch.tensor(float(i))) for i in range(10)]
+    release = gate(st.current_stream(trt))
+    with no_blocking_calls(monkeypatch):
+        for step, loss in enumerate(losses):
+            logger.log(step, loss)
+    assert emitted == [] and logger.pending == 10
+    release.set()
+    trt.synchronize()
+    logger.poll()
+    assert emitted == list(range(8))  # the two groups sent; steps 8 and 9 are still held
+    logger.close()
+    assert logger.pending == 0
+    with pytest.raises(ValueError, match="closed"):
+        logger.log(10, losses[0])
+
+
+def test_a_group_held_when_the_runtime_closes_raises_closed_error() -> None:
+    rt = srt.open_runtime("sim")
+    logger = st.MetricsLogger(rt, lag=0, group=4, sink=None)
+    for step in range(2):
+        logger.log(step, on_device(rt, torch.tensor(1.0)))
+    rt.close()
+    with pytest.raises(srt.ClosedError):
+        logger.flush()
+    with pytest.raises(srt.ClosedError):
+        logger.log(2, torch.tensor(1.0))
+    logger.close()
+    assert logger.pending == 0
