@@ -11,7 +11,8 @@ Variants (same data, same initial weights, same optimizer, so the same losses):
     (``PACK``), as in (b), so the two differ in how they wait, not in how they pack.
 (b) streamrt: a :class:`~streamrt.torch.Prefetcher` stages the next batches on
     a side stream and hands them over with events; a
-    :class:`~streamrt.torch.MetricsLogger` logs each loss two steps late; the
+    :class:`~streamrt.torch.MetricsLogger` logs each loss, copying the losses of
+    ``log_group`` steps out together, two steps after their group; the
     seed's workspace prepare pipeline (:mod:`streamrt.recipes.fmha_bwd`) runs
     every step on the step's ``cu_seqlens`` (fork policy: the D2H -> pack -> H2D
     chain on a side stream; the pack a native host function where the C pack
@@ -273,7 +274,8 @@ def run_streamrt(
     meta = ws[: params.metadata_region_bytes]  # the fetched metadata: one view for the whole loop
     check = _MetadataCheck(params)
     host_cu: deque[np.ndarray] = deque()
-    logger = st.MetricsLogger(rt, lag=cfg.lag, sink=sink)
+    # (c)'s loss is the graph's static output, which the next replay overwrites: copied out every step.
+    logger = st.MetricsLogger(rt, lag=cfg.lag, sink=sink, group=1 if graph else cfg.log_group)
     stepper = _GraphStep(cfg, model, opt, device) if graph else None
     prev: tuple[int, Any, np.ndarray] | None = None  # (step, Run, host cu_seqlens) of the last prepare
     notes: list[str] = []

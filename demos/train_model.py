@@ -45,6 +45,7 @@ class Config:
     lr: float = 3e-3
     seed: int = 0
     lag: int = 2
+    log_group: int = 8
     depth: int = 2
     verify_every: int = 10
     warmup: int = 3
