@@ -12,7 +12,9 @@ matmuls (torch, on the same stream: streamrt wraps torch's stream). Variants:
     fork_gated  "fork" with the default wait_for="stream": the chain starts only when the
                 step's stream reaches the prepare, and the join right after it waits for it
     graph       the pipeline captured once, replayed on the step's stream
-    stream_native, fork_native, graph_native
+    fork_graph  that graph replayed on "fork"'s side stream (wait_for=None, as fork): one
+                driver call per prepare, off the step's stream
+    stream_native, fork_native, graph_native, fork_graph_native
                 the same with the C host pack (``pack="native"``: one native host function
                 on the driver's thread instead of a Python one on a runtime worker); present
                 when the C pack was built
@@ -64,8 +66,8 @@ from streamrt.recipes.fmha_bwd import (
     workspace_size,
 )
 
-VARIANTS = ("none", "sync", "stream", "fork", "fork_gated", "graph")
-NATIVE_VARIANTS = ("stream_native", "fork_native", "graph_native", "raw_stream_native", "raw_graph_native")
+VARIANTS = ("none", "sync", "stream", "fork", "fork_gated", "graph", "fork_graph")
+NATIVE_VARIANTS = ("stream_native", "fork_native", "graph_native", "fork_graph_native", "raw_stream_native", "raw_graph_native")
 
 
 def add_step_arguments(ap: argparse.ArgumentParser) -> None:
@@ -206,6 +208,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 runs.append(prep.launch(s, "fork"))
             elif base == "graph":
                 runs.append(prep.replay(s))
+            elif base == "fork_graph":
+                runs.append(prep.launch(s, "fork_graph", wait_for=None))
 
         t0, t1 = rt.create_event(timing=True), rt.create_event(timing=True)
         rows: dict[str, list[dict[str, float]]] = {v: [] for v in variants}

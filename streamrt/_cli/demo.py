@@ -50,7 +50,7 @@ __all__ = ["DemoResult", "StrategyResult", "discover_strategies", "run_demo", "r
 
 #: The strategies the demo wants, in table order; the recipe says which exist. ``*_native``: the
 #: same with the recipe's C pack as a native host function (``pack="native"``), where it was built.
-WANTED = ("sync", "stream", "fork", "graph", "stream_native", "graph_native", "device")
+WANTED = ("sync", "stream", "fork", "graph", "fork_graph", "stream_native", "graph_native", "device")
 NATIVE_SUFFIX = "_native"
 BASELINE = "none"
 MAIN = "main"
@@ -151,7 +151,7 @@ def discover_strategies(rt: Runtime | None = None) -> list[StrategyInfo]:
         if match is None:
             why = "needs the device-side pack kernel (kernels issue); not in this build" if name == "device" else "not offered by the recipe"
             out.append(StrategyInfo(name, False, why))
-        elif name.startswith("graph") and rt is not None and not rt.capabilities.supports_graphs:
+        elif "graph" in name and rt is not None and not rt.capabilities.supports_graphs:
             out.append(StrategyInfo(match, False, f"the {rt.backend_name} backend does not support graphs"))
         else:
             out.append(StrategyInfo(match, True))
@@ -251,8 +251,8 @@ class _Workload:
             prep.run_sync(s)
         elif strategy == "stream":
             prep.launch(s, "stream")
-        elif strategy == "fork":
-            run = prep.launch(s, "fork", join=False)
+        elif strategy in ("fork", "fork_graph"):
+            run = prep.launch(s, strategy, join=False)
             join = lambda: run.join(s)  # noqa: E731
         elif strategy == "graph":
             prep.replay(s)

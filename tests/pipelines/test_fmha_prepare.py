@@ -93,7 +93,7 @@ def _run(prep: WorkspacePrepare, s: srt.Stream, strategy: str) -> PrepareResult 
     return run.host_result("pack") if prep.pack == "python" else None
 
 
-STRATEGIES = ["stream", "fork", "graph", "sync"]
+STRATEGIES = ["stream", "fork", "graph", "fork_graph", "sync"]
 PACKS = [
     "python",
     pytest.param("native", marks=pytest.mark.skipif(not native_pack_available(), reason="the C pack was not built")),
@@ -121,22 +121,25 @@ def test_every_strategy_uploads_cks_image_and_zeroes_what_ck_zeroes(rt: srt.Runt
     env.check(q, k)
 
 
+@pytest.mark.parametrize("strategy", ["fork", "fork_graph"])
 @pytest.mark.parametrize("deterministic", [True, False])
 @pytest.mark.parametrize("wait_for", ["stream", None])
-def test_fork_runs_the_round_trip_off_the_callers_stream(rt: srt.Runtime, deterministic: bool, wait_for: str | None) -> None:
+def test_fork_runs_the_round_trip_off_the_callers_stream(rt: srt.Runtime, strategy: str, deterministic: bool, wait_for: str | None) -> None:
     """Under "fork" the round trip runs on a side stream: beside the memset (non-deterministic), or the whole
-    memset-free chain (deterministic), which then is not on the caller's stream at all."""
+    memset-free chain (deterministic), which then is not on the caller's stream at all. "fork_graph" replays
+    the whole captured prepare on the side stream."""
     params = dataclasses.replace(PARAMS, deterministic=deterministic)
     env = Setup(rt, params)
     q, k = env.set_seqlens(np.array([5, 0, 200, 33, 1, 64]), np.array([40, 7, 0, 200, 1, 64]))
     gate = Gate()
+    on_callers = strategy == "fork" and not deterministic  # the memset
     with WorkspacePrepare(rt, params, env.q, env.k, env.ws) as prep:
-        prep.launch(env.s, "fork", wait_for=wait_for).result(10)  # warm: a first kernel launch may wait for the device (HIP-on-CUDA)
+        prep.launch(env.s, strategy, wait_for=wait_for).result(10)  # warm: a first kernel launch may wait for the device (HIP-on-CUDA)
         env.s.launch_host_func(gate)  # holds the caller's stream
         try:
-            run = prep.launch(env.s, "fork", wait_for=wait_for, join=False)
-            assert (env.s in run.streams) != deterministic
-            if not (deterministic and wait_for is None):
+            run = prep.launch(env.s, strategy, wait_for=wait_for, join=False)
+            assert (env.s in run.streams) == on_callers
+            if wait_for == "stream" or on_callers:
                 assert not run.is_done  # ordered after the held stream (wait_for), or partly on it (the memset)
             # else nothing orders it after the held stream: whether it can finish meanwhile depends on the
             # driver's host-callback threads (CUDA and the simulator run host functions one at a time)
@@ -144,6 +147,8 @@ def test_fork_runs_the_round_trip_off_the_callers_stream(rt: srt.Runtime, determ
             gate.open()
         run.join(env.s)
         run.result(10)
+        if strategy == "fork_graph":
+            assert prep.graph is not None and prep.graph.replays == 2
     env.check(q, k)
 
 
@@ -170,7 +175,7 @@ def test_the_deterministic_fork_keeps_its_side_stream_per_callers_stream_until_c
     env.check(q, k)
 
 
-@pytest.mark.parametrize("strategy", ["stream", "fork", "graph"])
+@pytest.mark.parametrize("strategy", ["stream", "fork", "graph", "fork_graph"])
 def test_replays_with_changed_seqlens_give_the_new_image_and_zeroing(rt: srt.Runtime, strategy: str, pack: str) -> None:
     env = Setup(rt)
     rng = np.random.default_rng(3)
@@ -182,7 +187,7 @@ def test_replays_with_changed_seqlens_give_the_new_image_and_zeroing(rt: srt.Run
             _run(prep, env.s, strategy)
             env.check(q, k)
             assert prep.result(env.s) == reference_result(PARAMS, q, k)
-        if strategy == "graph":
+        if strategy in ("graph", "fork_graph"):
             assert prep.graph is not None and prep.graph.replays == 8
 
 

@@ -12,7 +12,7 @@ commit ``40bda5c94c135c56b58540d7c30bd90bec53b848``); docs/pipelines.md has its 
 * :mod:`.native` — the same host pack in C, run as a native host function
   (:func:`pack_metadata_native`, :class:`NativePack`; optional, built by ``pip install``).
 * :mod:`.pipeline` — the prepare as a streamrt pipeline (:class:`WorkspacePrepare`,
-  :func:`prepare_workspace`; strategies ``"stream"``, ``"fork"``, ``"graph"``; packs
+  :func:`prepare_workspace`; strategies ``"stream"``, ``"fork"``, ``"graph"``, ``"fork_graph"``; packs
   ``"python"`` and ``"native"``) and the old synchronous baseline (``"sync"``,
   :func:`prepare_workspace_sync`).
 * :mod:`.device` — the device-side prepare (strategies ``"device"``, ``"device_graph"``):

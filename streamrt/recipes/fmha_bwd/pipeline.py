@@ -27,6 +27,9 @@ Strategies (:func:`prepare_workspace` and :class:`WorkspacePrepare`):
   chain, memset-free, on the side stream);
 * ``"graph"`` — the pipeline captured once, replayed per prepare (each replay
   re-reads seqstart on the device and re-runs the pack);
+* ``"fork_graph"`` — that graph replayed on the pooled side stream of ``"fork"``, ordered and
+  joined as ``"fork"`` orders its side stream (all of it there, the memset too): one driver
+  call for the whole prepare, off the caller's stream;
 * ``"sync"`` — the old path: two blocking D2H copies (each drains the stream), the pack on
   the calling thread, then memset (the used prefix, or the bound) and H2D enqueued;
 * ``"device"`` / ``"device_graph"`` — no host round trip (:mod:`.device`), eager or captured.
@@ -73,7 +76,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PACKS", "STRATEGIES", "WorkspacePrepare", "prepare_workspace", "prepare_workspace_sync"]
 
-STRATEGIES = ("stream", "fork", "graph", "sync", "device", "device_graph")  # the last two: .device
+STRATEGIES = ("stream", "fork", "graph", "fork_graph", "sync", "device", "device_graph")  # the last two: .device
 PACKS = ("python", "native")
 _MAX_ASIDES = 4  # caller streams whose side stream a prepare keeps (see WorkspacePrepare._launch_aside)
 
@@ -107,7 +110,7 @@ class WorkspacePrepare(PreparePlan):
         pack: ``"python"`` or ``"native"`` (the module docstring); ``"native"``
             raises ``RuntimeError`` when the C pack was not built.
 
-    Build once, launch per step: :meth:`launch` (``"stream"``/``"fork"``),
+    Build once, launch per step: :meth:`launch` (``"stream"``/``"fork"``/``"fork_graph"``),
     :meth:`replay` (``"graph"``; captures on first use), :meth:`run_sync`
     (the baseline). Launching again while an earlier prepare is in flight is
     safe (launches of one prepare are serialized). In deterministic mode the
@@ -180,21 +183,27 @@ class WorkspacePrepare(PreparePlan):
         return self._staging
 
     def launch(self, stream: Stream, strategy: str = "stream", **launch_options: Any) -> Run:
-        """Enqueue one prepare (``"stream"`` or ``"fork"``; ``launch_options`` go to ``Pipeline.launch``)."""
+        """Enqueue one prepare (``"stream"``, ``"fork"`` or ``"fork_graph"``; non-blocking).
+
+        ``launch_options`` go to ``Pipeline.launch``; for ``"fork_graph"`` and the deterministic
+        ``"fork"`` they are ``wait_for`` and ``join`` (see ``_launch_aside``). ``"fork_graph"``
+        captures the prepare on its first launch, as :meth:`replay` does.
+        """
         self._check_open()
-        if strategy not in ("stream", "fork"):
-            raise ValueError(f"launch takes strategy 'stream' or 'fork', got {strategy!r} (use replay() or run_sync())")
-        if strategy == "fork" and self._params.deterministic:
-            return self._launch_aside(stream, **launch_options)
+        if strategy not in ("stream", "fork", "fork_graph"):
+            raise ValueError(f"launch takes strategy 'stream', 'fork' or 'fork_graph', got {strategy!r} (use replay() or run_sync())")
+        if strategy == "fork_graph" or (strategy == "fork" and self._params.deterministic):
+            return self._launch_aside(stream, graph=strategy == "fork_graph", **launch_options)
         return self._pipeline.launch(stream, policy=strategy, **launch_options)
 
-    def _launch_aside(self, stream: Stream, *, wait_for: str | Event | None = "stream", join: bool = True) -> Run:
-        """``"fork"`` of the deterministic prepare. Its pipeline is one chain, which ``Pipeline.launch``
-        under ``"fork"`` would keep on the caller's stream (the first branch stays there); so the
-        chain runs on a pooled side stream, ordered as ``"fork"`` orders a side branch: after
-        ``stream`` (``wait_for="stream"``), after an event, or at once (``None``); ``join`` makes
-        ``stream`` wait for it. The side stream and the entry event are kept per caller's stream
-        (the last few) until :meth:`close`, so the chain's launch plan stays compiled."""
+    def _launch_aside(self, stream: Stream, *, graph: bool = False, wait_for: str | Event | None = "stream", join: bool = True) -> Run:
+        """The prepare on a pooled side stream: ``"fork"`` of the deterministic prepare, or any
+        ``"fork_graph"`` (``graph``: the captured prepare replayed there). The deterministic pipeline
+        is one chain, which ``Pipeline.launch`` under ``"fork"`` would keep on the caller's stream (the
+        first branch stays there). The side stream is ordered as ``"fork"`` orders a side branch:
+        after ``stream`` (``wait_for="stream"``), after an event, or at once (``None``); ``join``
+        makes ``stream`` wait for it. The side stream and the entry event are kept per caller's
+        stream (the last few) until :meth:`close`, so the chain's launch plan stays compiled."""
         if not (wait_for is None or wait_for == "stream" or isinstance(wait_for, Event)):
             raise TypeError("wait_for must be 'stream', an Event or None")
         with self._aside_lock:  # no other launch gives this side stream and event back meanwhile
@@ -207,7 +216,7 @@ class WorkspacePrepare(PreparePlan):
                 side.wait(entry)
             elif isinstance(wait_for, Event):
                 side.wait(wait_for)
-            run = self._pipeline.launch(side)
+            run = self.replay(side) if graph else self._pipeline.launch(side)
             if join:
                 run.join(stream)
             return run
