@@ -301,6 +301,7 @@ def test_one_shot_prepare_keeps_its_staging_in_flight_until_the_run_completes(rt
     # Warm first: loading a kernel may wait for the device, and with CUDA's lazy loading (the
     # HIP-on-CUDA harness's cudaLibraryGetKernel) that happens at the first launch: not behind the gate.
     prepare_workspace(rt, env.s, PARAMS, env.q, env.k, env.ws, strategy="stream", pack=pack).result(10)
+    env.s.synchronize()  # the warm prepare's staging fence (recorded after its Run's tail) has passed too
     try:
         env.s.launch_host_func(gate)
         before = stats().in_flight_bytes
