@@ -185,9 +185,11 @@ class WorkspacePrepare(PreparePlan):
     def launch(self, stream: Stream, strategy: str = "stream", **launch_options: Any) -> Run:
         """Enqueue one prepare (``"stream"``, ``"fork"`` or ``"fork_graph"``; non-blocking).
 
-        ``launch_options`` go to ``Pipeline.launch``; for ``"fork_graph"`` and the deterministic
-        ``"fork"`` they are ``wait_for`` and ``join`` (see ``_launch_aside``). ``"fork_graph"``
-        captures the prepare on its first launch, as :meth:`replay` does.
+        ``launch_options`` go to ``Pipeline.launch``. For ``"fork_graph"`` and the deterministic
+        ``"fork"``, which put the whole prepare on a pooled side stream, they are ``wait_for``
+        (``"stream"``, the default: after the work enqueued on ``stream`` so far; an Event; or
+        ``None``: at once) and ``join`` (default ``True``: ``stream`` waits for the prepare).
+        ``"fork_graph"`` captures the prepare on its first launch, as :meth:`replay` does.
         """
         self._check_open()
         if strategy not in ("stream", "fork", "fork_graph"):
