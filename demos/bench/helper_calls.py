@@ -174,6 +174,12 @@ def measure(backend: str = "sim") -> dict[str, Calls]:
             rt.synchronize()
             _, rows["Prefetcher.__next__"] = profile(lambda: next(prefetcher))
             rt.synchronize()
+        with st.Prefetcher(batches(5 * GROUP), rt, depth=2, group=GROUP) as prefetcher:
+            for _ in range(3 * GROUP):  # warm, then the steady state: a group staged every GROUP calls
+                next(prefetcher)
+            rt.synchronize()
+            _, rows[f"Prefetcher, group={GROUP} ({GROUP} calls)"] = profile(lambda: [next(prefetcher) for _ in range(GROUP)])
+            rt.synchronize()
         for _ in range(4):
             st.fetch(rt, loss).result(10)
         torch_stream.synchronize()
@@ -195,7 +201,8 @@ def measure(backend: str = "sim") -> dict[str, Calls]:
     return rows
 
 
-#: ``MetricsLogger(group=GROUP)``'s row counts ``GROUP`` calls together: one sends the group, the others hold.
+#: The grouped rows (``Prefetcher(group=GROUP)``, ``MetricsLogger(group=GROUP)``) count ``GROUP`` calls
+#: together: one stages or sends the group, the others hand out or hold.
 GROUP = 8
 
 #: Bounds on the calls of one warm helper call outside the simulator variant (``total - sim``: what the
@@ -203,6 +210,8 @@ GROUP = 8
 #: blocks come back (the releaser thread), so it has no bound.
 GOALS: dict[str, dict[str, int]] = {
     "Prefetcher.__next__": {"streamrt": 14, "backend": 5, "torch": 11},
+    # GROUP calls: one group staged (a memmove per leaf, one copy and event, one hand-off)
+    f"Prefetcher, group={GROUP} ({GROUP} calls)": {"streamrt": 46, "backend": 5, "torch": 49},
     "fetch": {"streamrt": 14, "backend": 3, "torch": 1},
     "MetricsLogger.log": {"streamrt": 28, "backend": 4, "torch": 1},
     # GROUP calls: one copy out for all of them, a detach each and one stack
@@ -286,7 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=None, choices=("cuda", "cpu"), help="torch's device (default: cpu with the simulator, else cuda)")
     parser.add_argument("--out", "--json", dest="json", type=Path, help="write the counts (and the calls) here")
     parser.add_argument(
-        "--show", choices=("Prefetcher.__next__", "fetch", "MetricsLogger.log", f"log, group={GROUP} ({GROUP} calls)"), help="list the calls of one helper"
+        "--show",
+        choices=("Prefetcher.__next__", f"Prefetcher, group={GROUP} ({GROUP} calls)", "fetch", "MetricsLogger.log", f"log, group={GROUP} ({GROUP} calls)"),
+        help="list the calls of one helper",
     )
     args = parser.parse_args(argv)
     on_gpu = (args.device or ("cuda" if args.backend not in (None, "sim") else "cpu")) == "cuda"

@@ -131,11 +131,11 @@ class Bare:
         self.progress.close()
 
 
-#: ``MetricsLogger(group=GROUP)``, as the demo's (b) logs: one call in GROUP copies the values out. Its
-#: cold sample is the mean over the calls (the median would be a call that only holds its value); the
-#: bare calls beside it are an ungrouped log's.
+#: ``Prefetcher(group=GROUP)`` and ``MetricsLogger(group=GROUP)`` (as the demo's (b) logs): one call in
+#: GROUP stages or sends the group. Their cold samples are the mean over the calls (the median would be
+#: a call that only hands out or holds); the bare calls beside them are an ungrouped call's.
 GROUP = 8
-GROUPED = f"log, group={GROUP}"
+GROUPED = (f"Prefetcher, group={GROUP}", f"log, group={GROUP}")
 
 
 def sample(fn: Callable[[], Any], calls: int, after: Callable[[], None], evict: Callable[[], None] | None = None, mean: bool = False) -> float:
@@ -181,6 +181,7 @@ def measure(backend: str, rounds: int, calls: int, cold: bool = False) -> dict[s
         prefetcher = st.Prefetcher(itertools.cycle(made), rt, depth=2)
         logger = st.MetricsLogger(rt, lag=2, sink=None, keep=False)
         grouped = st.MetricsLogger(rt, lag=2, sink=None, keep=False, group=GROUP)
+        grouped_prefetcher = st.Prefetcher(itertools.cycle(made), rt, depth=2, group=GROUP)
         futures: list[Any] = []
         step = itertools.count()
         sync = torch.cuda.synchronize if on_gpu else (lambda: None)
@@ -194,9 +195,10 @@ def measure(backend: str, rounds: int, calls: int, cold: bool = False) -> dict[s
 
         rows: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
             "Prefetcher.__next__": (lambda: next(prefetcher), lambda: bare.prefetch(made[0])),
+            GROUPED[0]: (lambda: next(grouped_prefetcher), lambda: bare.prefetch(made[0])),
             "fetch": (lambda: futures.append(st.fetch(rt, loss)), lambda: bare.fetch(loss)),
             "MetricsLogger.log": (lambda: logger.log(next(step), loss), lambda: bare.log(loss)),
-            GROUPED: (lambda: grouped.log(next(step), loss), lambda: bare.log(loss)),
+            GROUPED[1]: (lambda: grouped.log(next(step), loss), lambda: bare.log(loss)),
         }
         out: dict[str, dict[str, list[float]]] = {name: {"helper": [], "bare": []} for name in rows}
         evict = evictor() if cold else None
@@ -205,11 +207,12 @@ def measure(backend: str, rounds: int, calls: int, cold: bool = False) -> dict[s
             sample(plain, 20, settle)
         for _ in range(rounds):
             for name, (helper, plain) in rows.items():
-                out[name]["helper"].append(sample(helper, calls, settle, evict, mean=name == GROUPED))
+                out[name]["helper"].append(sample(helper, calls, settle, evict, mean=name in GROUPED))
                 out[name]["bare"].append(sample(plain, calls, settle, evict))
         logger.flush(30)
         grouped.flush(30)
         prefetcher.close()
+        grouped_prefetcher.close()
         bare.close()
         return out
 

@@ -50,6 +50,15 @@ batch, since its memory is reused after the consumer's work only.
 Back-pressure: at most ``depth`` batches are taken from the iterable and not
 yet handed out; a slow consumer makes the prefetcher pull slowly, never pile up.
 
+**Groups.** With ``group=k`` the prefetcher takes ``k`` batches at a time and
+stages them as one: one slot, one copy, one event, and one hand-off, made when
+the first of them is handed out (the others are ready on the consumer's stream
+by then). It stages the next group once fewer than ``depth`` batches are left,
+so up to ``depth - 1 + k`` are in flight, and the slot is free again once all
+``k`` were handed out and dropped. A batch handed to another stream than the
+group's earlier ones makes that stream wait for theirs first. A batch that
+cannot be staged raises with its whole group.
+
 Varlen batches carry ``cu_seqlens`` (int32, ``batch + 1``) next to the packed
 tokens: it is one more leaf, copied with the others and ready on the device
 with them (feed it to a varlen kernel, a mask, or the FMHA workspace prepare).
@@ -101,7 +110,7 @@ class PrefetchStatistics:
     Attributes:
         staged: batches taken from the iterable and staged so far.
         delivered: batches handed out by ``next()``.
-        in_flight: staged and not yet handed out (at most ``depth``).
+        in_flight: staged and not yet handed out (at most ``depth``; ``depth - 1 + group`` with ``group=``).
         max_in_flight: the most batches in flight at once.
         staged_bytes: bytes copied to the device so far.
         host_waits: hand-offs where the host waited for a copy (only when torch
@@ -173,6 +182,7 @@ class Prefetcher(Iterator[Any]):
             stream when ``next()`` is called; see :func:`~streamrt.torch.current_stream`).
         reuse_memory: reuse a slot's device memory once nothing refers to its batch (default);
             ``False``: new device memory per batch, freed under torch's rules.
+        group: batches staged together, in one copy (see "Groups" in the module docstring).
     """
 
     def __init__(
@@ -183,9 +193,12 @@ class Prefetcher(Iterator[Any]):
         stream: Stream | None = None,
         device_stream: Stream | None = None,
         reuse_memory: bool = True,
+        group: int = 1,
     ) -> None:
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth must be an int >= 1, got {depth!r}")
+        if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+            raise ValueError(f"group must be an int >= 1, got {group!r}")
         for what, s in (("stream", stream), ("device_stream", device_stream)):
             if s is not None and (not isinstance(s, Stream) or s.runtime is not rt):
                 raise ValueError(f"{what} must be a streamrt Stream of this runtime (wrap torch streams with streamrt.torch.wrap_stream)")
@@ -197,9 +210,10 @@ class Prefetcher(Iterator[Any]):
         self._owns_stream = stream is None
         self._stream = rt.create_stream(name="prefetch") if stream is None else stream
         self._device_stream = device_stream
-        # (batch, slot) staged and not handed out; the slot's event is recorded after the batch's copy,
-        # its views are the batch's leaves
-        self._queue: collections.deque[tuple[Any, Slot]] = collections.deque()
+        # (batch, slot, lead, last) staged and not handed out; the slot's event is recorded after the batch's
+        # copy, its views are the batch's leaves; ``lead``/``last``: the first/last batch of its slot's group
+        self._queue: collections.deque[tuple[Any, Slot, bool, bool]] = collections.deque()
+        self._group = group
         self._slots = Slots(rt, self._ctx, self._stream, depth + _SPARE_SLOTS, reuse_memory)
         self._plans: dict[Any, _Plan] = {}
         self._exhausted = False
@@ -244,14 +258,18 @@ class Prefetcher(Iterator[Any]):
                 if error is not None:
                     raise error
                 raise StopIteration
-        batch, slot = queue.popleft()
+        batch, slot, lead, last = queue.popleft()
         self._fill()  # the next copies go in before the consumer enqueues its compute
         consumer = self._device_stream if self._device_stream is not None else self._ctx.current_stream()
-        if self._slots.hand_off(slot, consumer):
-            self._host_waits += 1
-        if slot.device is not None:
-            slot.consumer = consumer  # the block's reuse waits for this stream's work (see _slots)
-        self._slots.free.append(slot)
+        if lead or consumer is not slot.consumer:
+            if not lead and slot.consumer is not None:  # a group's earlier batches went to another stream
+                self._ctx.join(consumer, slot.consumer)  # reuse after this stream's work is after theirs too
+            if self._slots.hand_off(slot, consumer):
+                self._host_waits += 1
+            if slot.device is not None:
+                slot.consumer = consumer  # the block's reuse waits for this stream's work (see _slots)
+        if last:
+            self._slots.free.append(slot)
         self._delivered += 1
         return batch
 
@@ -287,7 +305,7 @@ class Prefetcher(Iterator[Any]):
         if self._closed:
             return
         self._closed = True
-        slots = [slot for _, slot in self._queue] + list(self._slots.free)
+        slots = list({id(entry[1]): entry[1] for entry in self._queue}.values()) + list(self._slots.free)
         self._queue = collections.deque()
         self._slots.free.clear()
         self._plans = {}
@@ -305,19 +323,30 @@ class Prefetcher(Iterator[Any]):
 
     # -- staging ------------------------------------------------------------------------------------
     def _fill(self) -> None:
-        queue, depth = self._queue, self._depth
+        queue, depth, group = self._queue, self._depth, self._group
         while len(queue) < depth and not self._exhausted:
-            try:
-                host = next(self._it)
-            except StopIteration:
-                self._exhausted = True
+            hosts: list[Any] = []
+            while len(hosts) < group:
+                try:
+                    hosts.append(next(self._it))
+                except StopIteration:
+                    self._exhausted = True
+                    break
+                except Exception as exc:  # noqa: BLE001 - re-raised once the batches staged before it are handed out
+                    self._exhausted = True
+                    self._error = exc
+                    break
+            if not hosts:
                 break
-            except Exception as exc:  # noqa: BLE001 - re-raised once the batches staged before it are handed out
-                self._exhausted = True
-                self._error = exc
-                break
-            queue.append(self._stage(host))
-            self._staged += 1
+            if group == 1:
+                batch, slot = self._stage(hosts[0])
+                queue.append((batch, slot, True, True))
+            else:  # the group is one batch, a tuple of them, to the plan and the slot
+                batches, slot = self._stage(tuple(hosts))
+                last = len(batches) - 1
+                for i, batch in enumerate(batches):
+                    queue.append((batch, slot, i == 0, i == last))
+            self._staged += len(hosts)
             if len(queue) > self._max_in_flight:
                 self._max_in_flight = len(queue)
 

@@ -40,8 +40,9 @@ def test_calls_per_warm_helper_call_stay_within_their_goals() -> None:
     calls = _helper_calls()
     rows = calls.measure("sim")
     assert calls.over_goals(rows) == []
-    # one copy each outside the sim variant; MetricsLogger(group=8): one for eight calls
-    for name in ("Prefetcher.__next__", "fetch", "MetricsLogger.log", f"log, group={calls.GROUP} ({calls.GROUP} calls)"):
+    # one copy each outside the sim variant; the grouped rows: one for eight calls
+    grouped = (f"Prefetcher, group={calls.GROUP} ({calls.GROUP} calls)", f"log, group={calls.GROUP} ({calls.GROUP} calls)")
+    for name in ("Prefetcher.__next__", "fetch", "MetricsLogger.log", *grouped):
         common = Counter(rows[name].backend) - Counter(rows[name].sim["backend"])
         assert common["MemoryCalls.memcpy_async"] == 1, (name, common)
 

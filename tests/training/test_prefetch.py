@@ -283,3 +283,99 @@ def test_prefetcher_arguments(trt: srt.Runtime) -> None:
     with srt.open_runtime("sim") as other, pytest.raises(ValueError, match="this runtime"):
         st.Prefetcher([], trt, stream=other.create_stream())
     assert list(st.Prefetcher([], trt)) == []
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
+    """Count calls of ``Slots.<name>`` (``copy``: one copy and event per slot; ``hand_off``: one wait)."""
+    from streamrt.torch._slots import Slots
+
+    count = [0]
+    original = getattr(Slots, name)
+
+    def counted(self: Any, *args: Any) -> Any:
+        count[0] += 1
+        return original(self, *args)
+
+    monkeypatch.setattr(Slots, name, counted)
+    return count
+
+
+def test_a_group_stages_its_batches_in_one_copy_and_hands_them_off_once(trt: srt.Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """group=4: every batch arrives in order with its values (varlen: a plan per group), with one copy and one
+    hand-off per four batches; the last group is a partial one."""
+    copies, hand_offs = _counting(monkeypatch, "copy"), _counting(monkeypatch, "hand_off")
+    with st.Prefetcher(varlen_batches(10), trt, depth=2, group=4) as pf:
+        got = list(pf)
+        stats = pf.statistics()
+    want = list(varlen_batches(10))
+    assert [b["step"] for b in got] == list(range(10))
+    for g, w in zip(got, want):
+        assert np.array_equal(_host(g["tokens"]), w["tokens"].numpy()) and _in_device_memory(trt, g["tokens"])
+        assert np.array_equal(_host(g["cu_seqlens"]), w["cu_seqlens"].numpy())
+        assert np.array_equal(_host(g["weights"]), w["weights"])
+        assert np.array_equal(_host(g["pair"].first), _host(w["pair"].first)) and g["pair"].second[1] == "label"
+    assert copies[0] == 3 and hand_offs[0] == 3
+    assert (stats.staged, stats.delivered, stats.in_flight) == (10, 10, 0)
+
+
+def test_a_group_is_staged_once_fewer_than_depth_batches_are_left(trt: srt.Runtime) -> None:
+    pulled = [0]
+
+    def source() -> Iterator[torch.Tensor]:
+        for i in range(12):
+            pulled[0] += 1
+            yield torch.full((100,), i, dtype=torch.int32)
+
+    ahead = []
+    with st.Prefetcher(source(), trt, depth=2, group=4) as pf:
+        for delivered, batch in enumerate(pf, 1):
+            ahead.append(pulled[0] - delivered)
+            assert int(_host(batch)[0]) == delivered - 1
+    assert ahead == [3, 2, 5, 4, 3, 2, 5, 4, 3, 2, 1, 0]  # depth - 1 + group at most
+
+
+def test_dropped_groups_reuse_their_slots(trt: srt.Runtime) -> None:
+    with st.Prefetcher((torch.full((1024,), float(i)) for i in range(40)), trt, depth=2, group=4) as pf:
+        assert [float(_host(b)[0]) for b in pf] == [float(i) for i in range(40)]
+        stats = pf.statistics()
+    assert stats.staging_slots <= 4 and stats.device_blocks <= 4
+
+
+def test_a_group_handed_to_two_streams_is_reused_after_both(trt: srt.Runtime, gate: Callable[[srt.Stream], Any]) -> None:
+    """The slot's reuse waits for its last consumer's work, so a later batch of a group handed to another
+    stream makes that stream wait for the earlier consumer's work first: a read of batch 0 held back on
+    the first stream (by raw address: no reference kept) still reads batch 0 after the slot was reused."""
+    first, second = trt.create_stream(), trt.create_stream()
+    n = 1 << 14
+    pf = st.Prefetcher((torch.full((n,), float(i)) for i in range(6)), trt, depth=1, group=2, device_stream=first)
+    out = trt.host_allocator.allocate(4 * n)
+    batch = next(pf)
+    address = batch.data_ptr()
+    release = gate(first)
+    trt.backend.memcpy_async(out.ptr, address, 4 * n, srt.MemcpyKind.DEVICE_TO_HOST, first.handle)
+    del batch
+    pf._device_stream = second  # (the device_stream argument, changed between two batches of one group)
+    assert float(_host(next(pf))[0]) == 1.0
+    assert [float(_host(next(pf))[0]) for _ in range(2)] == [2.0, 3.0]  # the last took batch 0's slot again
+    release.set()
+    first.synchronize()
+    assert np.all(out.numpy(np.float32) == 0.0)
+    assert [float(_host(b)[0]) for b in pf] == [4.0, 5.0]
+    pf.close()
+    out.release()
+
+
+def test_an_iterable_error_surfaces_after_a_partial_group(trt: srt.Runtime) -> None:
+    def source() -> Iterator[torch.Tensor]:
+        for i in range(3):
+            yield torch.full((4,), float(i))
+        raise KeyError("bad sample")
+
+    pf = st.Prefetcher(source(), trt, depth=1, group=2)
+    assert [float(_host(next(pf))[0]) for _ in range(3)] == [0.0, 1.0, 2.0]
+    with pytest.raises(KeyError, match="bad sample"):
+        next(pf)
+    with pytest.raises(StopIteration):
+        next(pf)
+    with pytest.raises(ValueError, match="group"):
+        st.Prefetcher([], trt, group=0)
