@@ -14,8 +14,8 @@ Variants (same data, same initial weights, same optimizer, so the same losses):
     :class:`~streamrt.torch.MetricsLogger` logs each loss, copying the losses of
     ``log_group`` steps out together, two steps after their group; the
     seed's workspace prepare pipeline (:mod:`streamrt.recipes.fmha_bwd`) runs
-    every step on the step's ``cu_seqlens`` (fork policy: the D2H -> pack -> H2D
-    chain on a side stream; the pack a native host function where the C pack
+    every step on the step's ``cu_seqlens`` (``Config.prepare_strategy``, "fork" by default: the
+    D2H -> pack -> H2D chain on a side stream; the pack a native host function where the C pack
     was built, so it takes no GIL from the loop), and every ``verify_every`` steps the metadata it
     produced is fetched asynchronously and checked against the numpy oracle.
     Nothing in the loop waits for the GPU (on the simulator, where CPU torch
@@ -280,7 +280,7 @@ def run_streamrt(
     prev: tuple[int, Any, np.ndarray] | None = None  # (step, Run, host cu_seqlens) of the last prepare
     notes: list[str] = []
     t0 = time.perf_counter()
-    with st.Prefetcher(_host_copies(synthetic_batches(cfg), host_cu), rt, depth=cfg.depth) as batches:
+    with st.Prefetcher(_host_copies(synthetic_batches(cfg), host_cu), rt, depth=cfg.depth, group=cfg.prefetch_group) as batches:
         for step, batch in enumerate(batches):
             cu_host = host_cu.popleft()
             if prep is not None:
@@ -292,7 +292,7 @@ def run_streamrt(
                     if prev_step % cfg.verify_every == 0:
                         check.add(prev_step, prev_cu, st.fetch(rt, meta))
                 seq.copy_(batch["cu_seqlens"])
-                prev = (step, prep.launch(st.current_stream(rt), "fork", join=False), cu_host)
+                prev = (step, prep.launch(st.current_stream(rt), cfg.prepare_strategy, join=False), cu_host)
             if stepper is None:
                 loss = _span(rt, "fwd+bwd+step", train_step, model, opt, batch["tokens"], batch["targets"], batch["cu_seqlens"])
             elif step < cfg.warmup:
