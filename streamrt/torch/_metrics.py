@@ -167,10 +167,6 @@ class _Grouped:
         self.copy: _GroupCopy | None = None
         self.offset = 0
 
-    @property
-    def landing(self) -> _Landing | None:
-        return None if self.copy is None else self.copy.landing
-
     def landed(self) -> bool:
         copy = self.copy
         return copy is not None and (copy.landing is None or copy.landing.landed())
@@ -203,10 +199,11 @@ class _Pending:
         return True
 
     def in_flight(self) -> list[_Landing]:
-        """The copies this step still waits for (its group sent)."""
+        """The copies this step still waits for (called once its group was sent)."""
         out = []
         for part in self.parts:
-            landing = part if type(part) is _Landing else getattr(part, "landing", None)
+            kind = type(part)
+            landing = part if kind is _Landing else part.copy.landing if kind is _Grouped else None
             if landing is not None and not landing.landed():
                 out.append(landing)
         return out
