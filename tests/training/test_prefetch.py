@@ -355,12 +355,21 @@ def test_a_group_handed_to_two_streams_is_reused_after_both(trt: srt.Runtime, ga
     trt.backend.memcpy_async(out.ptr, address, 4 * n, srt.MemcpyKind.DEVICE_TO_HOST, first.handle)
     del batch
     pf._device_stream = second  # (the device_stream argument, changed between two batches of one group)
+    # The reads below run on torch's current stream, which the hand-offs do not order: each waits for
+    # the copy stream first (only the last group's copy waits for the gate).
+    pf.stream.synchronize()
     assert float(_host(next(pf))[0]) == 1.0
-    assert [float(_host(next(pf))[0]) for _ in range(2)] == [2.0, 3.0]  # the last took batch 0's slot again
+    two = next(pf)
+    pf.stream.synchronize()
+    three = next(pf)  # stages the last group: it took batch 0's slot again
+    assert [float(_host(b)[0]) for b in (two, three)] == [2.0, 3.0]
     release.set()
     first.synchronize()
     assert np.all(out.numpy(np.float32) == 0.0)
-    assert [float(_host(b)[0]) for b in pf] == [4.0, 5.0]
+    pf.stream.synchronize()
+    rest = list(pf)
+    assert rest[0].data_ptr() == address  # batch 0's slot, reused
+    assert [float(_host(b)[0]) for b in rest] == [4.0, 5.0]
     pf.close()
     out.release()
 
