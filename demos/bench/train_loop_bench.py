@@ -321,14 +321,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--b-star",
-        default=None,
+        action="append",
+        default=[],
         metavar="FIELD=VALUE,...",
         help="also time (b*): (b) with these demo Config fields changed, interleaved with the other variants "
-        "(e.g. prefetch_group=8,prepare_strategy=fork_graph)",
+        "(e.g. prefetch_group=8,prepare_strategy=fork_graph); given again: (b**), (b***), ...",
     )
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
-    star = _config_changes(args.b_star) if args.b_star else None
+    stars = {"b" + "*" * i: _config_changes(text) for i, text in enumerate(args.b_star, 1)}  # variant: Config changes
     device = torch.device(args.device or ("cpu" if args.backend == "sim" else "cuda"))
     if device.type == "cuda" and not torch.cuda.is_available():
         print(f"torch {torch.__version__} has no CUDA device here; --device cpu (or --backend sim) runs a functional version on the simulator", file=sys.stderr)
@@ -344,8 +345,8 @@ def main(argv: list[str] | None = None) -> int:
         options["python_host_switch_interval"] = None if off else float(args.switch_interval_us) * 1e-6
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    if star is not None:
-        variants.insert(variants.index("b") + 1 if "b" in variants else len(variants), "b*")
+    at = variants.index("b") + 1 if "b" in variants else len(variants)
+    variants[at:at] = list(stars)
     if device.type != "cuda":
         variants = [v for v in variants if v not in ("c", "d")]
     results: dict[str, Any] = {
@@ -366,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):  # interleaved: every round times each variant once
             for v in variants:
                 print(f"[{size}] ({v}) timing, round {r + 1}/{args.rounds} ...", flush=True)
-                base, vcfg = ("b", dataclasses.replace(cfg, **star)) if v == "b*" and star is not None else (v, cfg)
+                base, vcfg = ("b", dataclasses.replace(cfg, **stars[v])) if v in stars else (v, cfg)
                 t = run_once(base, vcfg, device, warmup=args.warmup, steps=args.steps, mode="time", backend=backend, runtime_options=options)
                 if r == 0:
                     entry[v] = t
@@ -378,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.profile_steps and device.type == "cuda":
                 print(f"[{size}] ({v}) profiling ...", flush=True)
                 try:
-                    base, vcfg = ("b", dataclasses.replace(cfg, **star)) if v == "b*" and star is not None else (v, cfg)
+                    base, vcfg = ("b", dataclasses.replace(cfg, **stars[v])) if v in stars else (v, cfg)
                     p = run_once(base, vcfg, device, warmup=args.warmup, steps=args.profile_steps, mode="profile", backend=backend, runtime_options=options)
                     entry[v]["profile"] = {k: p[k] for k in p if k != "losses"}
                     busy_ms = p["gpu_busy_us_per_step"] / 1e3
@@ -393,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         res_objs = [demo.Result(v, entry[v]["losses"], 0.0) for v in variants]
         entry["losses_agree"] = demo.compare(res_objs, rtol=rtol, atol=atol) == []
         entry["loss_mismatches"] = demo.compare(res_objs, rtol=rtol, atol=atol)
-        for x, y in (("b", "a"), ("b*", "a"), ("b*", "b"), ("c", "a"), ("d", "a"), ("d", "c")):
+        for x, y in _PAIRS + [(v, w) for v in stars for w in ("a", "b")]:
             if x in entry and y in entry:  # the median, and the range over the rounds
                 ratios = [p / q for p, q in zip(entry[y]["step_ms_rounds"], entry[x]["step_ms_rounds"])]
                 entry[f"speedup_{x}_over_{y}"] = entry[y]["step_ms"] / entry[x]["step_ms"]
@@ -422,6 +423,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.out}")
     ok = all(e.get("losses_agree", True) for e in results["sizes"].values())
     return 0 if ok else 1
+
+
+_PAIRS = [("b", "a"), ("c", "a"), ("d", "a"), ("d", "c")]  # (x, y): x's speed over y's, reported where both ran
 
 
 def _config_changes(text: str) -> dict[str, Any]:
@@ -479,7 +483,8 @@ def _print_table(results: dict[str, Any], variants: list[str]) -> None:
                 f"      (d) host per replayed step: batch {split['batch']:.1f} µs, replay {split['replay']:.1f} µs, rest {split['rest']:.1f} µs"
                 f" (fetches {split['fetch']:.1f}, polls {split['poll']:.1f})"
             )
-        for x, y in (("b", "a"), ("b*", "a"), ("b*", "b"), ("d", "a"), ("d", "c")):
+        stars = [v for v in variants if v.startswith("b*")]
+        for x, y in [p for p in _PAIRS if p != ("c", "a")] + [(v, w) for v in stars for w in ("a", "b")]:
             if f"speedup_{x}_over_{y}" in e:
                 lo, hi = e[f"speedup_{x}_over_{y}_range"]
                 print(f"      ({x}) vs ({y}): {e[f'speedup_{x}_over_{y}']:.3f}x (rounds {lo:.3f}-{hi:.3f}x)")

@@ -129,13 +129,16 @@ def test_completion_bench_measures_only_the_parts_asked_for(tmp_path: Path) -> N
 
 
 def test_train_loop_bench_times_b_star_with_changed_config_fields(tmp_path: Path) -> None:
-    """--b-star runs (b) again with demo Config fields changed, interleaved, and reports it against (a) and (b)."""
+    """--b-star runs (b) again with demo Config fields changed, interleaved, and reports it against (a) and (b);
+    given twice, (b*) and (b**)."""
     pytest.importorskip("torch", reason="torch is not installed (make test installs torch==2.13.0, the CPU build)")
     out = tmp_path / "loop.json"
-    star = "prefetch_group=4,prepare_strategy=fork_graph,log_group=2"
-    run = _run_script("train_loop_bench", "--device", "cpu", "--variants", "a,b", "--rounds", "1", "--b-star", star, "--out", str(out))
+    stars = ("--b-star", "prefetch_group=4,prepare_strategy=fork_graph,log_group=2", "--b-star", "log_group=1")
+    run = _run_script("train_loop_bench", "--device", "cpu", "--variants", "a,b", "--rounds", "1", *stars, "--out", str(out))
     assert run.returncode == 0, run.stderr
     xs = json.loads(out.read_text())["sizes"]["xs"]
-    assert "b*" in xs and xs["losses_agree"] is True and "speedup_b*_over_b" in xs
+    assert xs["losses_agree"] is True and {"speedup_b*_over_b", "speedup_b**_over_b", "speedup_b**_over_a"} <= set(xs)
+    assert xs["b*"]["stats"]["metrics"] != xs["b**"]["stats"]["metrics"]  # each ran its own Config
+    assert "(b**) vs (b):" in run.stdout
     bad = _run_script("train_loop_bench", "--device", "cpu", "--b-star", "prefetch_groups=4")
     assert bad.returncode != 0 and "prefetch_groups" in bad.stderr
