@@ -2,8 +2,9 @@
 
 Runs ``demos/train_loop.py``'s plain-torch variant (a) and streamrt variant (b)
 at one model size of ``train_loop_bench.py``, alternating (a), (b), (a), (b),
-and times each call of the pieces below on the main thread (wall time, so a
-piece that waits for the GIL is charged that wait):
+and times each call of the pieces below on the main thread over ``--steps``
+steps after ``--warmup`` untimed ones (wall time, so a piece that waits for the
+GIL is charged that wait):
 
 * ``batch gen``: the demo's synthetic batch generator;
 * ``train_step``: torch's forward, backward and optimizer step;
@@ -15,7 +16,8 @@ piece that waits for the GIL is charged that wait):
 For (b) it also reports the runtime threads' work per step: completion-lane
 batches (each a lane thread waking and taking the GIL) and the CPU time of
 streamrt's threads (lanes, workers, watchdog, releaser); and the Prefetcher's
-device blocks allocated per step (near 0 where its slots' memory is reused).
+device blocks allocated per step (near 0 where its slots' memory is reused),
+and the sum of its main-thread pieces outside ``train_step`` and ``batch gen``.
 
 ``--profile N`` then runs each variant once more under cProfile (without the
 timers; from Python 3.12 cProfile sees every thread, before it only the main
@@ -115,10 +117,20 @@ def _runtime_thread_cpu() -> dict[str, float]:
     return out
 
 
+_NESTED = ("batch gen", "prefetch stage", "hand_off")  # timed inside "prefetch next"
+
+
+def _outside_the_step(totals: dict[str, float]) -> float:
+    """(b)'s main-thread ms per step outside torch's step and the batch generator: the other timed pieces,
+    with ``prefetch next`` less the batch generation it ran."""
+    return sum(v for k, v in totals.items() if k not in _NESTED and k != "train_step") - totals.get("batch gen", 0.0)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default=None, choices=sorted(SIZES), help="model size (default s; xs on cpu)")
-    ap.add_argument("--steps", type=int, default=None, help="steps per run (default 60; 5 on cpu)")
+    ap.add_argument("--steps", type=int, default=None, help="steps timed per run (default 60; 5 on cpu)")
+    ap.add_argument("--warmup", type=int, default=None, help="steps before the timed ones, not counted (default 15; 1 on cpu)")
     ap.add_argument("--device", default=None, choices=("cuda", "cpu"), help="torch's device (default: cpu with --backend sim, else cuda; cpu: the simulator runs (b))")
     ap.add_argument("--backend", default=None, help="streamrt backend of (b) (default: auto on cuda, sim on cpu)")
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="also print each variant's top N functions (cProfile)")
@@ -130,10 +142,11 @@ def main(argv: list[str] | None = None) -> int:
         return 77
     args.size = args.size or ("s" if on_gpu else "xs")
     args.steps = args.steps if args.steps is not None else (60 if on_gpu else 5)
+    args.warmup = args.warmup if args.warmup is not None else (15 if on_gpu else 1)
     device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
     backend = args.backend or ("auto" if on_gpu else "sim")
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
-    cfg = config(args.size, args.steps)
+    cfg = config(args.size, args.warmup + args.steps)
     timers = Timers()
     rows: list[dict[str, Any]] = []
     make_batches = demo.synthetic_batches
@@ -153,41 +166,55 @@ def main(argv: list[str] | None = None) -> int:
     ):
         timers.wrap(owner, name, label)
 
-    def run(variant: str) -> dict[str, float]:
-        """One whole run of ``variant``, between two device synchronizations; (b)'s runtime-thread work per step."""
+    steps = args.steps
+
+    def run(variant: str, start: list[float]) -> dict[str, float]:
+        """One whole run of ``variant``, between two device synchronizations; the timers and ``start`` (the
+        wall clock) restart after the warm-up steps. Returns (b)'s runtime-thread work per timed step."""
+        marks: dict[str, Any] = {}
+
+        def after(step: int) -> None:
+            if step == args.warmup - 1:
+                timers.totals.clear()
+                if "rt" in marks:
+                    marks["batches"], marks["cpu"] = marks["rt"]._engine.statistics().batches, _runtime_thread_cpu()
+                start[0] = time.perf_counter()
+
         sync()
         if variant == "a":
-            demo.run_plain(cfg, device)
+            demo.run_plain(cfg, device, on_step=after)
             sync()
             return {}
         with srt.open_runtime(backend) as rt:
-            batches = rt._engine.statistics().batches
-            cpu = _runtime_thread_cpu()
-            result = demo.run_streamrt(cfg, device, rt)
+            marks["rt"] = rt
+            result = demo.run_streamrt(cfg, device, rt, on_step=after)
             sync()
-            lane_batches = rt._engine.statistics().batches - batches
-            cpu_s = sum(t - cpu.get(name, 0.0) for name, t in _runtime_thread_cpu().items())
+            lane_batches = rt._engine.statistics().batches - marks["batches"]
+            cpu_s = sum(t - marks["cpu"].get(name, 0.0) for name, t in _runtime_thread_cpu().items())
         return {
-            "lane batches": lane_batches / cfg.steps,
-            "runtime threads cpu us": cpu_s * 1e6 / cfg.steps,
-            "prefetch device blocks": result.stats["prefetch"]["device_blocks"] / cfg.steps,
+            "lane batches": lane_batches / steps,
+            "runtime threads cpu us": cpu_s * 1e6 / steps,
+            "prefetch device blocks": result.stats["prefetch"]["device_blocks"] / (args.warmup + steps),
         }
 
     try:
         for variant in ("a", "b", "a", "b"):
-            timers.totals.clear()
-            t0 = time.perf_counter()
-            threads = run(variant)
-            per_step = (time.perf_counter() - t0) * 1e3 / cfg.steps
-            pieces = ", ".join(f"{k} {v * 1e3 / cfg.steps:.3f}" for k, v in sorted(timers.totals.items()))
+            start = [time.perf_counter()]
+            threads = run(variant, start)
+            per_step = (time.perf_counter() - start[0]) * 1e3 / steps
+            totals = {k: v * 1e3 / steps for k, v in timers.totals.items()}
+            pieces = ", ".join(f"{k} {v:.3f}" for k, v in sorted(totals.items()))
             extra = "".join(f"; {k} {v:.2f}/step" for k, v in threads.items())
-            print(f"[{args.size}] ({variant}) {per_step:.3f} ms/step: {pieces}{extra}", flush=True)
+            own = _outside_the_step(totals) if variant == "b" else None
+            mine = "" if own is None else f"; outside train_step and batch gen {own * 1e3:.0f} us"
+            print(f"[{args.size}] ({variant}) {per_step:.3f} ms/step: {pieces}{extra}{mine}", flush=True)
             rows.append(
                 {
                     "variant": variant,
                     "ms_per_step": per_step,
-                    "pieces_ms_per_step": {k: v * 1e3 / cfg.steps for k, v in timers.totals.items()},
+                    "pieces_ms_per_step": totals,
                     "runtime_threads_per_step": threads,
+                    "outside_step_ms_per_step": own,
                 }
             )
     finally:
@@ -196,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     for variant in ("a", "b") if args.profile else ():
         profile = cProfile.Profile()
         with profile:
-            run(variant)
+            run(variant, [0.0])
         print(f"[{args.size}] ({variant}) under cProfile, top {args.profile} by own time, us per step:")
         stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
         by_own = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)
