@@ -284,15 +284,16 @@ def run_streamrt(
         for step, batch in enumerate(batches):
             cu_host = host_cu.popleft()
             if prep is not None:
+                current = st.current_stream(rt)
                 if prev is not None:
                     # The previous prepare read `seq` and wrote the metadata: order torch after it
                     # (one step later it has long finished: the wait costs nothing).
                     prev_step, prev_run, prev_cu = prev
-                    st.order_after(rt, prev_run)
+                    st.order_after(rt, prev_run, current)
                     if prev_step % cfg.verify_every == 0:
-                        check.add(prev_step, prev_cu, st.fetch(rt, meta))
+                        check.add(prev_step, prev_cu, st.fetch(rt, meta, current))
                 seq.copy_(batch["cu_seqlens"])
-                prev = (step, prep.launch(st.current_stream(rt), cfg.prepare_strategy, join=False), cu_host)
+                prev = (step, prep.launch(current, cfg.prepare_strategy, join=False), cu_host)
             if stepper is None:
                 loss = _span(rt, "fwd+bwd+step", train_step, model, opt, batch["tokens"], batch["targets"], batch["cu_seqlens"])
             elif step < cfg.warmup:

@@ -47,7 +47,7 @@ class Config:
     lag: int = 2
     log_group: int = 8
     depth: int = 2
-    prefetch_group: int = 1
+    prefetch_group: int = 8
     prepare_strategy: str = "fork"  # how (b) and (c) launch the prepare ("fork" or "fork_graph")
     verify_every: int = 10
     warmup: int = 3
