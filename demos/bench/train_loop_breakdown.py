@@ -1,8 +1,8 @@
 """Where the host time of a training step goes, variant (a) against (b) (issue 8).
 
 Runs ``demos/train_loop.py``'s plain-torch variant (a) and streamrt variant (b)
-at one model size of ``train_loop_bench.py``, alternating (a), (b), (a), (b),
-and times each call of the pieces below on the main thread over ``--steps``
+at one model size of ``train_loop_bench.py``, alternating (a) and (b) for
+``--passes`` passes, and times each call of the pieces below on the main thread over ``--steps``
 steps after ``--warmup`` untimed ones (wall time, so a piece that waits for the
 GIL is charged that wait):
 
@@ -24,8 +24,9 @@ timers; from Python 3.12 cProfile sees every thread, before it only the main
 thread) and prints its N functions of most own time per step, overall and
 among streamrt's own.
 
-Prints ms per step per piece (``--out``: also as JSON). The second pass of
-each variant is the warm one.
+Prints ms per step per piece (``--out``: also as JSON), and (b)'s ``train_step``
+over (a)'s per pass: the median and range over the passes after the first
+(which warms the process up).
 
     python demos/bench/train_loop_breakdown.py --size s --out breakdown.json
 
@@ -41,6 +42,7 @@ import collections
 import cProfile
 import json
 import pstats
+import statistics
 import sys
 import threading
 import time
@@ -126,6 +128,16 @@ def _outside_the_step(totals: dict[str, float]) -> float:
     return sum(v for k, v in totals.items() if k not in _NESTED and k != "train_step") - totals.get("batch gen", 0.0)
 
 
+def _step_ratios(rows: list[dict[str, Any]]) -> list[float]:
+    """(b)'s ``train_step`` time per step over (a)'s, per pass (each (a) row and the (b) row after it)."""
+    out = []
+    for a, b in zip(rows[::2], rows[1::2]):
+        ta, tb = a["pieces_ms_per_step"].get("train_step"), b["pieces_ms_per_step"].get("train_step")
+        if ta and tb:
+            out.append(tb / ta)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default=None, choices=sorted(SIZES), help="model size (default s; xs on cpu)")
@@ -133,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=None, help="steps before the timed ones, not counted (default 15; 1 on cpu)")
     ap.add_argument("--device", default=None, choices=("cuda", "cpu"), help="torch's device (default: cpu with --backend sim, else cuda; cpu: the simulator runs (b))")
     ap.add_argument("--backend", default=None, help="streamrt backend of (b) (default: auto on cuda, sim on cpu)")
+    ap.add_argument("--passes", type=int, default=2, help="passes of (a) then (b) (default 2; the first is a warm-up of the process)")
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="also print each variant's top N functions (cProfile)")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
@@ -198,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         }
 
     try:
-        for variant in ("a", "b", "a", "b"):
+        for variant in ("a", "b") * max(args.passes, 1):
             start = [time.perf_counter()]
             threads = run(variant, start)
             per_step = (time.perf_counter() - start[0]) * 1e3 / steps
@@ -220,6 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         timers.restore()
         demo.synthetic_batches = make_batches
+    step_ratios = _step_ratios(rows)
+    if step_ratios:
+        later = step_ratios[1:] or step_ratios
+        print(
+            f"[{args.size}] (b)'s train_step over (a)'s, passes after the first: median {statistics.median(later):.3f}"
+            f" [{min(later):.3f}-{max(later):.3f}]; all: {', '.join(f'{r:.3f}' for r in step_ratios)}"
+        )
     for variant in ("a", "b") if args.profile else ():
         profile = cProfile.Profile()
         with profile:
@@ -235,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {own * 1e6 / cfg.steps:9.1f} own {total * 1e6 / cfg.steps:9.1f} total {ncalls / cfg.steps:7.1f} calls  {where}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"size": args.size, "steps": args.steps, "device": torch.cuda.get_device_name(device) if on_gpu else "cpu (sim)", "rows": rows}, f, indent=2)
+            device_name = torch.cuda.get_device_name(device) if on_gpu else "cpu (sim)"
+            json.dump({"size": args.size, "steps": args.steps, "device": device_name, "rows": rows, "train_step_ratios": step_ratios}, f, indent=2)
     return 0
 
 
