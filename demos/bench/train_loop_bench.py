@@ -7,11 +7,12 @@ each model size of a sweep, and measures per variant:
   between two ``torch.cuda.synchronize()`` calls, divided by the steps;
 * **host enqueue time per step**: the same window up to the host's last
   enqueue, before the closing synchronize (for (b)/(c) the host runs ahead);
-* **host-synchronizing calls per step** in that window: torch's own, counted
-  with ``torch.cuda.set_sync_debug_mode("warn")`` (each ``.item()``,
-  ``.cpu()``, pageable ``.to(device)`` warns once), plus streamrt's blocking
-  calls (``Stream/Event/Runtime.synchronize``, and ``Completion.wait`` on a
-  Completion not yet done), counted by wrapping them;
+* **host-synchronizing calls per step**, in a separate run of up to 20 steps
+  (counting costs the host time: each warning, each wrapped call): torch's
+  own, counted with ``torch.cuda.set_sync_debug_mode("warn")`` (each
+  ``.item()``, ``.cpu()``, pageable ``.to(device)`` warns once), plus
+  streamrt's blocking calls (``Stream/Event/Runtime.synchronize``, and
+  ``Completion.wait`` on a Completion not yet done), counted by wrapping them;
 * **GPU idle fraction per step**, two ways. *Profiled*: from a torch profiler
   (CUPTI, GPU activity only) trace of ``--profile-steps`` further steps (a
   separate run): ``1 - (union of kernel, memcpy and memset intervals) / (first
@@ -229,8 +230,8 @@ def run_once(
     trace_path: Path | None = None,
     runtime_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One run of ``variant``: ``mode`` is ``"time"`` (timing + sync counting), ``"profile"``, ``"trace"``,
-    or ``"paced"`` (the host waits for the GPU after every step, so that (d)'s host split measures
+    """One run of ``variant``: ``mode`` is ``"time"``, ``"count"`` (host-synchronizing calls), ``"profile"``,
+    ``"trace"``, or ``"paced"`` (the host waits for the GPU after every step, so that (d)'s host split measures
     its calls, not the driver's back-pressure on a host that runs ahead)."""
     total = warmup + steps
     cfg = dataclasses.replace(cfg, steps=total, warmup=min(cfg.warmup, max(warmup - 1, 1)))
@@ -248,8 +249,9 @@ def run_once(
         elif step == warmup - 1:
             _sync(device, rt)
             if mode == "time":
-                counter.start()
                 marks["t0"] = time.perf_counter()
+            elif mode == "count":
+                counter.start()
             elif mode == "profile":
                 prof.start()
             elif mode == "trace" and rt is not None:
@@ -258,9 +260,10 @@ def run_once(
         elif step == total - 1:
             if mode == "time":
                 marks["host"] = time.perf_counter()
-                counter.stop()
                 _sync(device, rt)
                 marks["t1"] = time.perf_counter()
+            elif mode == "count":
+                counter.stop()
             elif mode == "profile":
                 prof.stop(steps)
             elif mode == "trace" and region:
@@ -286,11 +289,12 @@ def run_once(
     if mode == "time":
         out["step_ms"] = (marks["t1"] - marks["t0"]) * 1e3 / steps
         out["host_enqueue_ms_per_step"] = (marks["host"] - marks["t0"]) * 1e3 / steps
+        out["stats"] = res.stats
+    if mode == "count":
         out["torch_syncs_per_step"] = counter.torch_syncs / steps
         out["streamrt_syncs_per_step"] = counter.streamrt_syncs / steps
         out["host_syncs_per_step"] = (counter.torch_syncs + counter.streamrt_syncs) / steps
         out["sync_kinds"] = counter.kinds
-        out["stats"] = res.stats
     if mode == "profile":
         out.update(prof.result)
     if mode == "paced":
@@ -364,11 +368,16 @@ def main(argv: list[str] | None = None) -> int:
     for size in sizes:
         cfg = config(size, args.warmup + args.steps)
         entry: dict[str, Any] = {"config": {k: getattr(cfg, k) for k in ("d_model", "n_layers", "n_heads", "seqs", "max_seqlen", "vocab", "token_budget")}}
+
+        def run(v: str, steps: int, mode: str, cfg: Any = cfg) -> dict[str, Any]:
+            """``run_once`` of variant ``v`` ((b*), (b**), ...: (b) with their Config changes)."""
+            base, vcfg = ("b", dataclasses.replace(cfg, **stars[v])) if v in stars else (v, cfg)
+            return run_once(base, vcfg, device, warmup=args.warmup, steps=steps, mode=mode, backend=backend, runtime_options=options)
+
         for r in range(args.rounds):  # interleaved: every round times each variant once
             for v in variants:
                 print(f"[{size}] ({v}) timing, round {r + 1}/{args.rounds} ...", flush=True)
-                base, vcfg = ("b", dataclasses.replace(cfg, **stars[v])) if v in stars else (v, cfg)
-                t = run_once(base, vcfg, device, warmup=args.warmup, steps=args.steps, mode="time", backend=backend, runtime_options=options)
+                t = run(v, args.steps, "time")
                 if r == 0:
                     entry[v] = t
                     entry[v]["step_ms_rounds"] = []
@@ -376,11 +385,12 @@ def main(argv: list[str] | None = None) -> int:
         for v in variants:
             rounds = entry[v]["step_ms_rounds"]
             entry[v]["step_ms"] = sorted(rounds)[len(rounds) // 2]  # the median round
+            print(f"[{size}] ({v}) counting host syncs ...", flush=True)
+            entry[v].update({k: w for k, w in run(v, min(args.steps, 20), "count").items() if k != "losses"})
             if args.profile_steps and device.type == "cuda":
                 print(f"[{size}] ({v}) profiling ...", flush=True)
                 try:
-                    base, vcfg = ("b", dataclasses.replace(cfg, **stars[v])) if v in stars else (v, cfg)
-                    p = run_once(base, vcfg, device, warmup=args.warmup, steps=args.profile_steps, mode="profile", backend=backend, runtime_options=options)
+                    p = run(v, args.profile_steps, "profile")
                     entry[v]["profile"] = {k: p[k] for k in p if k != "losses"}
                     busy_ms = p["gpu_busy_us_per_step"] / 1e3
                     entry[v]["gpu_idle_timed"] = max(0.0, 1.0 - busy_ms / entry[v]["step_ms"])
