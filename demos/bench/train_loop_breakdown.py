@@ -2,9 +2,9 @@
 
 Runs ``demos/train_loop.py``'s plain-torch variant (a) and streamrt variant (b)
 at one model size of ``train_loop_bench.py``, alternating (a) and (b) for
-``--passes`` passes, and times each call of the pieces below on the main thread over ``--steps``
-steps after ``--warmup`` untimed ones (wall time, so a piece that waits for the
-GIL is charged that wait):
+``--passes`` passes, and times each call of the pieces below on the main
+thread over ``--steps`` steps after ``--warmup`` untimed ones (wall time, so a
+piece that waits for the GIL is charged that wait):
 
 * ``batch gen``: the demo's synthetic batch generator;
 * ``train_step``: torch's forward, backward and optimizer step;
@@ -186,20 +186,25 @@ def main(argv: list[str] | None = None) -> int:
         wall clock) restart after the warm-up steps. Returns (b)'s runtime-thread work per timed step."""
         marks: dict[str, Any] = {}
 
+        def restart() -> None:
+            timers.totals.clear()
+            if "rt" in marks:
+                marks["batches"], marks["cpu"] = marks["rt"]._engine.statistics().batches, _runtime_thread_cpu()
+            start[0] = time.perf_counter()
+
         def after(step: int) -> None:
             if step == args.warmup - 1:
-                timers.totals.clear()
-                if "rt" in marks:
-                    marks["batches"], marks["cpu"] = marks["rt"]._engine.statistics().batches, _runtime_thread_cpu()
-                start[0] = time.perf_counter()
+                restart()
 
         sync()
         if variant == "a":
+            restart()
             demo.run_plain(cfg, device, on_step=after)
             sync()
             return {}
         with srt.open_runtime(backend) as rt:
             marks["rt"] = rt
+            restart()
             result = demo.run_streamrt(cfg, device, rt, on_step=after)
             sync()
             lane_batches = rt._engine.statistics().batches - marks["batches"]
@@ -212,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         for variant in ("a", "b") * max(args.passes, 1):
-            start = [time.perf_counter()]
+            start = [0.0]
             threads = run(variant, start)
             per_step = (time.perf_counter() - start[0]) * 1e3 / steps
             totals = {k: v * 1e3 / steps for k, v in timers.totals.items()}
