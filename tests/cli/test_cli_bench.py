@@ -139,7 +139,10 @@ def test_train_loop_bench_times_b_star_with_changed_config_fields(tmp_path: Path
     xs = json.loads(out.read_text())["sizes"]["xs"]
     assert xs["losses_agree"] is True and {"speedup_b*_over_b", "speedup_b**_over_b", "speedup_b**_over_a"} <= set(xs)
     assert xs["b*"]["stats"]["metrics"] != xs["b**"]["stats"]["metrics"]  # each ran its own Config
-    assert all(xs[v]["host_syncs_per_step"] == 0 for v in ("a", "b", "b*", "b**"))  # each counted in its own run
+    # Each variant's syncs are counted in a run of its own. On the simulator with CPU torch, (b) may wait on
+    # the host for a prepare still running (streamrt.torch.order_after's host order); (a) makes no such call.
+    assert xs["a"]["host_syncs_per_step"] == 0
+    assert all(set(xs[v]["sync_kinds"]) <= {"Completion.wait"} for v in ("b", "b*", "b**"))
     assert "(b**) vs (b):" in run.stdout
     bad = _run_script("train_loop_bench", "--device", "cpu", "--b-star", "prefetch_groups=4")
     assert bad.returncode != 0 and "prefetch_groups" in bad.stderr
