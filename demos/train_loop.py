@@ -46,7 +46,7 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,7 +81,10 @@ from train_model import (  # noqa: E402
     train_step,
 )
 
-__all__ = ["FULL", "REDUCED", "VARIANTS", "Config", "Result", "compare", "main", "run_plain", "run_streamrt", "run_whole_graph", "synthetic_batches"]
+__all__ = [
+    "FULL", "REDUCED", "VARIANTS", "Config", "Result", "Steps", "compare", "drive", "main", "plain_steps", "run_plain", "run_streamrt",
+    "run_whole_graph", "streamrt_steps", "synthetic_batches", "whole_graph_steps",
+]
 
 VARIANTS = ("a", "b", "c", "d")
 
@@ -106,6 +109,21 @@ class Result:
 
 
 StepHook = Callable[[int], None]
+
+#: A variant's loop as a generator: it yields each step's index once the step is enqueued and returns
+#: the :class:`Result`. A benchmark can so run several variants in turns, a few steps each.
+Steps = Generator[int, None, Result]
+
+
+def drive(steps: Steps, on_step: StepHook | None = None) -> Result:
+    """Run a variant's loop to its end, calling ``on_step(step)`` after each step; its Result."""
+    while True:
+        try:
+            step = next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        if on_step is not None:
+            on_step(step)
 
 
 def _span(rt: srt.Runtime | None, name: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -177,6 +195,11 @@ def run_plain(cfg: Config, device: torch.device, *, rt: srt.Runtime | None = Non
 
     ``rt`` is used only to put the step on a streamrt trace (the bench's timeline).
     """
+    return drive(plain_steps(cfg, device, rt=rt), on_step)
+
+
+def plain_steps(cfg: Config, device: torch.device, *, rt: srt.Runtime | None = None) -> Steps:
+    """:func:`run_plain`'s loop, step by step (see :data:`Steps`)."""
     model, opt = build(cfg, device)
     params = cfg.workspace_params(_num_cus(device))
     region = params.metadata_region_bytes
@@ -196,8 +219,7 @@ def run_plain(cfg: Config, device: torch.device, *, rt: srt.Runtime | None = Non
             _wait(rt, "metadata.to(device)", ws[:region].copy_, torch.from_numpy(meta_host))
         loss = _span(rt, "fwd+bwd+step", train_step, model, opt, tokens, targets, cu)
         losses.append(_wait(rt, "loss.item()", loss.item))
-        if on_step is not None:
-            on_step(step)
+        yield step
     return Result("a", losses, time.perf_counter() - t0)
 
 
@@ -264,9 +286,16 @@ def run_streamrt(
     sink: Callable[[int, Any], Any] | None = None,
 ) -> Result:
     """(b), or (c) with ``graph=True``: prefetch, async metrics, the stream-async metadata prepare."""
-    variant = "c" if graph else "b"
     if graph and device.type != "cuda":
         raise ValueError("variant (c) captures a CUDA graph: it needs --device cuda")
+    return drive(streamrt_steps(cfg, device, rt, graph=graph, sink=sink), on_step)
+
+
+def streamrt_steps(
+    cfg: Config, device: torch.device, rt: srt.Runtime, *, graph: bool = False, sink: Callable[[int, Any], Any] | None = None
+) -> Steps:
+    """:func:`run_streamrt`'s loop, step by step (see :data:`Steps`)."""
+    variant = "c" if graph else "b"
     model, opt = build(cfg, device)
     seq = st.device_empty(rt, cfg.seqs + 1, torch.int32)
     seq.zero_()
@@ -301,8 +330,7 @@ def run_streamrt(
             else:
                 loss = _span(rt, "graph replay", stepper, batch)
             logger.log(step, loss)
-            if on_step is not None:
-                on_step(step)
+            yield step
         pstats = batches.statistics()
     if prev is not None:
         prev_step, prev_run, prev_cu = prev
@@ -435,6 +463,12 @@ def run_whole_graph(cfg: Config, device: torch.device, rt: srt.Runtime, *, on_st
     """
     if device.type != "cuda":
         raise ValueError("variant (d) captures the step into a CUDA graph: it needs --device cuda")
+    return drive(whole_graph_steps(cfg, device, rt), on_step)
+
+
+def whole_graph_steps(cfg: Config, device: torch.device, rt: srt.Runtime) -> Steps:
+    """:func:`run_whole_graph`'s loop, step by step (see :data:`Steps`). It runs its steps on its own
+    stream: a driver that interleaves variants must restore torch's current stream between turns."""
     model, opt = build(cfg, device)
     block = st.device_empty(rt, _batch_layout(cfg)[1], torch.uint8)  # the static batch: cu_seqlens | tokens | targets
     block.zero_()
@@ -467,8 +501,7 @@ def run_whole_graph(cfg: Config, device: torch.device, rt: srt.Runtime, *, on_st
             if step > cfg.warmup:
                 t_f = time.perf_counter()
                 spent += (t_b - t_a, t_d - t_c, (t_c - t_b) + (t_f - t_d), t_e - t_d, t_f - t_e)
-            if on_step is not None:
-                on_step(step)
+            yield step
         whole.cap.synchronize()
     check.verify()
     seconds = time.perf_counter() - t0
