@@ -1,12 +1,22 @@
 """Training-loop benchmark: plain torch (a), streamrt (b), a captured step (c), the whole step captured (d).
 
 Runs ``demos/train_loop.py``'s four variants side by side in one process, for
-each model size of a sweep, and measures per variant:
+each model size of a sweep, with (e), the eager floor: the torch step alone on
+batches already on the device, with no prepare, no logging and no host wait
+(:func:`floor_steps`; (b) against (e) is what (b)'s helpers and waits cost).
+It measures per variant:
 
-* **step time**: wall time of ``--steps`` steps after ``--warmup`` steps,
-  between two ``torch.cuda.synchronize()`` calls, divided by the steps;
-* **host enqueue time per step**: the same window up to the host's last
-  enqueue, before the closing synchronize (for (b)/(c) the host runs ahead);
+* **step time**, over ``--steps`` steps after ``--warmup`` steps. By default
+  the variants of a round run at once, each loop a generator on the main
+  thread, and take turns of ``--turn`` steps (the order reversing every
+  cycle), so that a drift of the host's speed during the round weighs on every
+  variant alike. Each turn starts and ends with a device synchronization and
+  is timed from the end of its first step to the end of its last (timing
+  events on the loop's stream): the steady state, without the start from an
+  idle GPU or the closing wait. ``--turn 0`` times one whole run after another
+  between two ``torch.cuda.synchronize()`` calls instead (runs up to 131 did);
+* **host enqueue time per step**: from the start of each window to the host's
+  last enqueue in it (for (b)/(c) the host runs ahead);
 * **host-synchronizing calls per step**, in a separate run of up to 20 steps
   (counting costs the host time: each warning, each wrapped call): torch's
   own, counted with ``torch.cuda.set_sync_debug_mode("warn")`` (each
@@ -208,6 +218,34 @@ class GpuProfile:
         }
 
 
+# -- the eager floor ----------------------------------------------------------------------------------------------------
+
+
+def floor_steps(cfg: Any, device: torch.device) -> Any:
+    """(e), the eager floor: the demo's torch step alone, on batches copied to the device before the loop;
+    no prepare, no logging, no host wait. No eager loop of this model goes faster: (b) against (e) is what
+    its helpers and waits cost. A generator like ``demo.*_steps``; its losses are (a)'s."""
+    model, opt = demo.build(cfg, device)
+    batches = [{k: t.to(device) for k, t in b.items()} for b in demo.synthetic_batches(cfg)]
+    losses = []
+    for step, batch in enumerate(batches):
+        losses.append(demo.train_step(model, opt, batch["tokens"], batch["targets"], batch["cu_seqlens"]).detach())
+        yield step
+    return demo.Result("e", [float(x) for x in losses], 0.0)
+
+
+def _loop(variant: str, cfg: Any, device: torch.device, rt: srt.Runtime, *, trace: bool = False) -> Any:
+    """Variant ``variant``'s loop as a generator ((b*), (b**), ...: (b), with their Config)."""
+    base = "b" if variant.startswith("b") else variant
+    if base == "a":
+        return demo.plain_steps(cfg, device, rt=rt if trace else None)
+    if base == "e":
+        return floor_steps(cfg, device)
+    if base == "d":
+        return demo.whole_graph_steps(cfg, device, rt)
+    return demo.streamrt_steps(cfg, device, rt, graph=base == "c")
+
+
 # -- one measured run -----------------------------------------------------------------------------------------------------
 
 
@@ -272,12 +310,7 @@ def run_once(
     rt = demo.open_runtime_for(device, None if backend == "auto" else backend, **(runtime_options or {}))
     rt_holder.append(rt)
     try:
-        if variant == "a":
-            res = demo.run_plain(cfg, device, rt=rt if mode == "trace" else None, on_step=on_step)
-        elif variant == "d":
-            res = demo.run_whole_graph(cfg, device, rt, on_step=on_step)
-        else:
-            res = demo.run_streamrt(cfg, device, rt, graph=variant == "c", on_step=on_step)
+        res = demo.drive(_loop(variant, cfg, device, rt, trace=mode == "trace"), on_step)
         if mode == "trace" and region and trace_path is not None:
             trace = region[0].trace
             trace.save_timeline(trace_path, title=f"train_loop variant ({variant}), {steps} steps")
@@ -302,6 +335,93 @@ def run_once(
     return out
 
 
+def run_turns(
+    variants: list[str], cfgs: dict[str, Any], device: torch.device, *, warmup: int, steps: int, turn: int, backend: str,
+    runtime_options: dict[str, Any] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """One timing round of all ``variants`` at once, in turns of ``turn`` (≥ 2) steps (mode ``"time"``).
+
+    Every variant's loop runs as a generator (``demo.*_steps``) on this thread. After each one's warm-up,
+    they take turns of ``turn`` steps, each turn between two device synchronizations, the order reversing
+    every cycle (a b c d, d c b a, ...), so that a drift of the host's speed weighs on every variant
+    alike. A turn's time is the time between the end of its first step and the end of its last, each
+    marked by a timing event on the loop's stream (on CPU, the host's clock): the steady state, without
+    the start from an idle GPU or the final wait. Torch's current stream is each loop's own between its
+    turns. Per variant: ``step_ms``, ``host_enqueue_ms_per_step`` (from a turn's start to the last
+    enqueue), the per-turn ``turn_ms`` (per step), the losses and the stats.
+    """
+    total = warmup + steps
+    rts: dict[str, srt.Runtime] = {}
+    loops: dict[str, Any] = {}
+    cuda = device.type == "cuda"
+    default: Any = torch.cuda.current_stream(device) if cuda else None
+    streams: dict[str, Any] = {}
+    host = dict.fromkeys(variants, 0.0)
+    turns: dict[str, list[tuple[float, int]]] = {v: [] for v in variants}  # (ms between the marks, steps between them)
+
+    def mark() -> Any:
+        if not cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def advance(v: str, n: int, marked: bool = False) -> list[Any]:
+        """``n`` steps of ``v``; with ``marked``, the marks after its first and its last step."""
+        marks = []
+        if cuda:
+            torch.cuda.set_stream(streams[v])
+        try:
+            for i in range(n):
+                next(loops[v])
+                if marked and i in (0, n - 1):
+                    marks.append(mark())
+        finally:
+            if cuda:
+                streams[v] = torch.cuda.current_stream(device)
+                torch.cuda.set_stream(default)
+        return marks
+
+    try:
+        for v in variants:
+            cfg = dataclasses.replace(cfgs[v], steps=total, warmup=min(cfgs[v].warmup, max(warmup - 1, 1)))
+            rt = rts[v] = demo.open_runtime_for(device, None if backend == "auto" else backend, **(runtime_options or {}))
+            loops[v] = _loop(v, cfg, device, rt)
+            streams[v] = default
+            advance(v, warmup)
+            _sync(device, rt)
+        done, cycle = 0, 0
+        while done < steps:
+            n = min(turn, steps - done)
+            for v in variants if cycle % 2 == 0 else variants[::-1]:
+                t0 = time.perf_counter()
+                first, *rest = advance(v, n, marked=True)
+                host[v] += time.perf_counter() - t0
+                _sync(device, rts[v])
+                if rest:
+                    last = rest[-1]
+                    turns[v].append((first.elapsed_time(last) if cuda else (last - first) * 1e3, n - 1))
+            done += n
+            cycle += 1
+        out: dict[str, dict[str, Any]] = {}
+        for v in variants:
+            res = demo.drive(loops[v])  # the loop's end: flush, verify, close
+            ms, between = (sum(x) for x in zip(*turns[v])) if turns[v] else (0.0, 0)
+            out[v] = {
+                "step_ms": ms / max(between, 1),
+                "host_enqueue_ms_per_step": host[v] * 1e3 / steps,
+                "turn_ms": [t / k for t, k in turns[v]],
+                "losses": res.losses,
+                "stats": res.stats,
+            }
+        return out
+    finally:
+        for loop in loops.values():
+            loop.close()
+        for rt in rts.values():
+            rt.close()
+
+
 # -- the sweep --------------------------------------------------------------------------------------------------------------
 
 
@@ -310,10 +430,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=("cuda", "cpu"), default=None, help="torch's device (default: cpu with --backend sim, else cuda)")
     ap.add_argument("--backend", default="auto", help="streamrt backend for (b)/(c) (default auto; sim with --device cpu)")
     ap.add_argument("--sizes", default=None, help=f"model sizes, a subset of {','.join(SIZES)} (default s,sm,m,l; xs on cpu)")
-    ap.add_argument("--variants", default="a,b,c,d")
+    ap.add_argument("--variants", default="a,b,c,d,e", help="of a, b, c, d (the demo's) and e (the eager floor)")
     ap.add_argument("--warmup", type=int, default=None, help="steps before every measured window (default 15; 2 on cpu)")
     ap.add_argument("--steps", type=int, default=None, help="steps in the timing window (default 60; 5 on cpu)")
     ap.add_argument("--rounds", type=int, default=3, help="timing rounds per size, the variants interleaved in each (default 3)")
+    ap.add_argument(
+        "--turn",
+        type=int,
+        default=10,
+        help="in a round, the variants run at once and take turns of this many steps (at least 2; default 10); 0: one whole run after another",
+    )
     ap.add_argument("--profile-steps", type=int, default=20, help="steps in the profiler window (0: no profile)")
     ap.add_argument("--host-bound-idle", type=float, default=0.25, help="(a) is host-bound when its GPU idles at least this fraction")
     ap.add_argument("--images", action="store_true", help="write docs/img/train-{a,b,d}.png (needs matplotlib)")
@@ -333,6 +459,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
+    if args.turn == 1 or args.turn < 0:
+        ap.error("--turn: 0, or at least 2 steps (a turn is timed between the ends of its first and last step)")
     stars = {"b" + "*" * i: _config_changes(text) for i, text in enumerate(args.b_star, 1)}  # variant: Config changes
     device = torch.device(args.device or ("cpu" if args.backend == "sim" else "cuda"))
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -349,6 +477,8 @@ def main(argv: list[str] | None = None) -> int:
         options["python_host_switch_interval"] = None if off else float(args.switch_interval_us) * 1e-6
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if set(variants) - set("abcde"):
+        ap.error(f"--variants: unknown {sorted(set(variants) - set('abcde'))}; of a, b, c, d, e")
     at = variants.index("b") + 1 if "b" in variants else len(variants)
     variants[at:at] = list(stars)
     if device.type != "cuda":
@@ -374,14 +504,21 @@ def main(argv: list[str] | None = None) -> int:
             base, vcfg = ("b", dataclasses.replace(cfg, **stars[v])) if v in stars else (v, cfg)
             return run_once(base, vcfg, device, warmup=args.warmup, steps=steps, mode=mode, backend=backend, runtime_options=options)
 
+        cfgs = {v: dataclasses.replace(cfg, **stars[v]) if v in stars else cfg for v in variants}
         for r in range(args.rounds):  # interleaved: every round times each variant once
+            if args.turn > 0:
+                print(f"[{size}] timing {', '.join(variants)} in turns of {args.turn} steps, round {r + 1}/{args.rounds} ...", flush=True)
+                timed = run_turns(variants, cfgs, device, warmup=args.warmup, steps=args.steps, turn=args.turn, backend=backend, runtime_options=options)
+            else:
+                timed = {}
+                for v in variants:
+                    print(f"[{size}] ({v}) timing, round {r + 1}/{args.rounds} ...", flush=True)
+                    timed[v] = run(v, args.steps, "time")
             for v in variants:
-                print(f"[{size}] ({v}) timing, round {r + 1}/{args.rounds} ...", flush=True)
-                t = run(v, args.steps, "time")
                 if r == 0:
-                    entry[v] = t
+                    entry[v] = timed[v]
                     entry[v]["step_ms_rounds"] = []
-                entry[v]["step_ms_rounds"].append(t["step_ms"])
+                entry[v]["step_ms_rounds"].append(timed[v]["step_ms"])
         for v in variants:
             rounds = entry[v]["step_ms_rounds"]
             entry[v]["step_ms"] = sorted(rounds)[len(rounds) // 2]  # the median round
@@ -435,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok else 1
 
 
-_PAIRS = [("b", "a"), ("c", "a"), ("d", "a"), ("d", "c")]  # (x, y): x's speed over y's, reported where both ran
+_PAIRS = [("b", "a"), ("c", "a"), ("d", "a"), ("d", "c"), ("b", "e")]  # (x, y): x's speed over y's, reported where both ran
 
 
 def _config_changes(text: str) -> dict[str, Any]:

@@ -128,6 +128,29 @@ def test_completion_bench_measures_only_the_parts_asked_for(tmp_path: Path) -> N
     assert bad.returncode == 2 and "unknown ['bogus']" in bad.stderr
 
 
+def test_train_loop_bench_times_the_variants_in_turns(tmp_path: Path) -> None:
+    """By default a round runs the variants at once in turns of --turn steps, each timed from the end of its
+    first step to the end of its last: the step time weighs each turn by the steps between those ends (a turn
+    of one step has none). --turn 0 times one whole run after another (no turns); --turn 1 is refused."""
+    pytest.importorskip("torch", reason="torch is not installed (make test installs torch==2.13.0, the CPU build)")
+    out = tmp_path / "turns.json"
+    run = _run_script("train_loop_bench", "--device", "cpu", "--variants", "a,b", "--rounds", "1", "--steps", "8", "--turn", "3", "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    xs = json.loads(out.read_text())["sizes"]["xs"]
+    assert xs["losses_agree"] is True
+    for v in ("a", "b"):
+        turns = xs[v]["turn_ms"]
+        assert len(turns) == 3  # 3 + 3 + 2 steps: 2 + 2 + 1 between the marks
+        assert xs[v]["step_ms"] == pytest.approx((2 * turns[0] + 2 * turns[1] + turns[2]) / 5)
+        assert len(xs[v]["losses"]) == 2 + 8  # the warm-up and the timed steps, from one loop
+    assert _run_script("train_loop_bench", "--device", "cpu", "--turn", "1").returncode == 2
+    whole = tmp_path / "whole.json"
+    run = _run_script("train_loop_bench", "--device", "cpu", "--variants", "a,b", "--rounds", "1", "--steps", "3", "--turn", "0", "--out", str(whole))
+    assert run.returncode == 0, run.stderr
+    xs = json.loads(whole.read_text())["sizes"]["xs"]
+    assert xs["losses_agree"] is True and "turn_ms" not in xs["b"]
+
+
 def test_train_loop_bench_times_b_star_with_changed_config_fields(tmp_path: Path) -> None:
     """--b-star runs (b) again with demo Config fields changed, interleaved, and reports it against (a) and (b);
     given twice, (b*) and (b**)."""
