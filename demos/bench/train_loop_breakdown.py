@@ -1,10 +1,12 @@
 """Where the host time of a training step goes, variant (a) against (b) (issue 8).
 
 Runs ``demos/train_loop.py``'s plain-torch variant (a) and streamrt variant (b)
-at one model size of ``train_loop_bench.py``, alternating (a) and (b) for
-``--passes`` passes, and times each call of the pieces below on the main
-thread over ``--steps`` steps after ``--warmup`` untimed ones (wall time, so a
-piece that waits for the GIL is charged that wait):
+at one model size of ``train_loop_bench.py`` for ``--passes`` passes, and times
+each call of the pieces below on the main thread over ``--steps`` steps after
+``--warmup`` untimed ones (wall time, so a piece that waits for the GIL is
+charged that wait). In a pass, (a) and (b) run at once and take turns of
+``--turn`` steps, each turn ending with a device synchronization, as
+``train_loop_bench.py`` times them (``--turn 0``: (a)'s whole run, then (b)'s):
 
 * ``batch gen``: the demo's synthetic batch generator;
 * ``train_step``: torch's forward, backward and optimizer step;
@@ -70,7 +72,7 @@ class Timers:
 
     def wrap(self, owner: Any, name: str, label: str) -> None:
         original = getattr(owner, name)
-        totals = self.totals
+        timers = self
         main = threading.main_thread()
 
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -80,13 +82,13 @@ class Timers:
             try:
                 return original(*args, **kwargs)
             finally:
-                totals[label] += time.perf_counter() - t0
+                timers.totals[label] += time.perf_counter() - t0
 
         self._saved.append((owner, name, original))
         setattr(owner, name, timed)
 
     def timed_batches(self, make: Callable[[Any], Iterator[Any]]) -> Callable[[Any], Iterator[Any]]:
-        totals = self.totals
+        timers = self
 
         def batches(cfg: Any) -> Iterator[Any]:
             it = make(cfg)
@@ -96,7 +98,7 @@ class Timers:
                     batch = next(it)
                 except StopIteration:
                     return
-                totals["batch gen"] += time.perf_counter() - t0
+                timers.totals["batch gen"] += time.perf_counter() - t0
                 yield batch
 
         return batches
@@ -147,7 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=None, help="steps before the timed ones, not counted (default 15; 1 on cpu)")
     ap.add_argument("--device", default=None, choices=("cuda", "cpu"), help="torch's device (default: cpu with --backend sim, else cuda; cpu: the simulator runs (b))")
     ap.add_argument("--backend", default=None, help="streamrt backend of (b) (default: auto on cuda, sim on cpu)")
-    ap.add_argument("--passes", type=int, default=2, help="passes of (a) then (b) (default 2; the first is a warm-up of the process)")
+    ap.add_argument("--passes", type=int, default=2, help="passes of (a) and (b) (default 2; the first is a warm-up of the process)")
+    ap.add_argument(
+        "--turn",
+        type=int,
+        default=10,
+        help="in a pass, (a) and (b) run at once and take turns of this many steps (default 10); 0: (a)'s whole run, then (b)'s",
+    )
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="also print each variant's top N functions (cProfile)")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
@@ -217,12 +225,61 @@ def main(argv: list[str] | None = None) -> int:
             "prefetch device blocks": result.stats["prefetch"]["device_blocks"] / (args.warmup + steps),
         }
 
-    try:
-        for variant in ("a", "b") * max(args.passes, 1):
+    def run_in_turns() -> dict[str, tuple[float, dict[str, float], dict[str, float]]]:
+        """(a) and (b) at once, in turns of ``--turn`` steps (see ``train_loop_bench.run_turns``), each turn
+        between two device synchronizations, each variant's pieces timed into its own totals.
+        Per variant: (ms per step, the totals, (b)'s runtime-thread work per timed step)."""
+        per: dict[str, dict[str, float]] = {v: collections.defaultdict(float) for v in "ab"}
+        wall = dict.fromkeys("ab", 0.0)
+        with srt.open_runtime(backend) as rt:
+            loops = {"a": demo.plain_steps(cfg, device), "b": demo.streamrt_steps(cfg, device, rt)}
+            try:
+                for v in "ab":
+                    timers.totals = per[v]
+                    for _ in range(args.warmup):
+                        next(loops[v])
+                    sync()
+                    per[v].clear()
+                batches, cpu = rt._engine.statistics().batches, _runtime_thread_cpu()
+                done, cycle = 0, 0
+                while done < steps:
+                    n = min(args.turn, steps - done)
+                    for v in "ab" if cycle % 2 == 0 else "ba":
+                        timers.totals = per[v]
+                        t0 = time.perf_counter()
+                        for _ in range(n):
+                            next(loops[v])
+                        sync()
+                        wall[v] += time.perf_counter() - t0
+                    done, cycle = done + n, cycle + 1
+                lane_batches = rt._engine.statistics().batches - batches
+                cpu_s = sum(t - cpu.get(name, 0.0) for name, t in _runtime_thread_cpu().items())
+                timers.totals = collections.defaultdict(float)
+                result = demo.drive(loops["b"])
+                demo.drive(loops["a"])
+            finally:
+                for loop in loops.values():
+                    loop.close()
+        threads = {
+            "lane batches": lane_batches / steps,
+            "runtime threads cpu us": cpu_s * 1e6 / steps,
+            "prefetch device blocks": result.stats["prefetch"]["device_blocks"] / (args.warmup + steps),
+        }
+        return {v: (wall[v] * 1e3 / steps, dict(per[v]), threads if v == "b" else {}) for v in "ab"}
+
+    def one_by_one() -> dict[str, tuple[float, dict[str, float], dict[str, float]]]:
+        out = {}
+        for v in "ab":
             start = [0.0]
-            threads = run(variant, start)
-            per_step = (time.perf_counter() - start[0]) * 1e3 / steps
-            totals = {k: v * 1e3 / steps for k, v in timers.totals.items()}
+            threads = run(v, start)
+            out[v] = ((time.perf_counter() - start[0]) * 1e3 / steps, dict(timers.totals), threads)
+        return out
+
+    try:
+        for variant, (per_step, raw, threads) in (
+            item for _ in range(max(args.passes, 1)) for item in (run_in_turns() if args.turn > 0 else one_by_one()).items()
+        ):
+            totals = {k: v * 1e3 / steps for k, v in raw.items()}
             pieces = ", ".join(f"{k} {v:.3f}" for k, v in sorted(totals.items()))
             extra = "".join(f"; {k} {v:.2f}/step" for k, v in threads.items())
             own = _outside_the_step(totals) if variant == "b" else None
