@@ -286,8 +286,6 @@ def run_streamrt(
     sink: Callable[[int, Any], Any] | None = None,
 ) -> Result:
     """(b), or (c) with ``graph=True``: prefetch, async metrics, the stream-async metadata prepare."""
-    if graph and device.type != "cuda":
-        raise ValueError("variant (c) captures a CUDA graph: it needs --device cuda")
     return drive(streamrt_steps(cfg, device, rt, graph=graph, sink=sink), on_step)
 
 
@@ -295,6 +293,8 @@ def streamrt_steps(
     cfg: Config, device: torch.device, rt: srt.Runtime, *, graph: bool = False, sink: Callable[[int, Any], Any] | None = None
 ) -> Steps:
     """:func:`run_streamrt`'s loop, step by step (see :data:`Steps`)."""
+    if graph and device.type != "cuda":
+        raise ValueError("variant (c) captures a CUDA graph: it needs --device cuda")
     variant = "c" if graph else "b"
     model, opt = build(cfg, device)
     seq = st.device_empty(rt, cfg.seqs + 1, torch.int32)
@@ -461,14 +461,14 @@ def run_whole_graph(cfg: Config, device: torch.device, rt: srt.Runtime, *, on_st
     batch, the replay, and the rest (queueing the batch for the feed, the verification fetches,
     collecting them), with the rest's ``fetch`` and ``poll`` (the collecting) also on their own.
     """
-    if device.type != "cuda":
-        raise ValueError("variant (d) captures the step into a CUDA graph: it needs --device cuda")
     return drive(whole_graph_steps(cfg, device, rt), on_step)
 
 
 def whole_graph_steps(cfg: Config, device: torch.device, rt: srt.Runtime) -> Steps:
     """:func:`run_whole_graph`'s loop, step by step (see :data:`Steps`). It runs its steps on its own
     stream: a driver that interleaves variants must restore torch's current stream between turns."""
+    if device.type != "cuda":
+        raise ValueError("variant (d) captures the step into a CUDA graph: it needs --device cuda")
     model, opt = build(cfg, device)
     block = st.device_empty(rt, _batch_layout(cfg)[1], torch.uint8)  # the static batch: cu_seqlens | tokens | targets
     block.zero_()
