@@ -583,7 +583,7 @@ def _config_changes(text: str) -> dict[str, Any]:
         name, _, value = item.partition("=")
         name = name.strip()
         if name not in types or not value:
-            raise SystemExit(f"--b-star: {item!r} is not FIELD=VALUE with a field of the demo's Config ({', '.join(types)})")
+            raise SystemExit(f"{item!r} is not FIELD=VALUE with a field of the demo's Config ({', '.join(types)})")
         kind = types[name] if isinstance(types[name], str) else types[name].__name__
         changes[name] = value == "true" if kind == "bool" else int(value) if kind == "int" else float(value) if kind == "float" else value
     return changes

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import cProfile
 import json
 import pstats
@@ -56,7 +57,7 @@ try:
 except ImportError:  # `streamrt bench` reads exit status 77 as "skipped", the last stderr line as why
     print("needs torch: pip install 'streamrt[torch]'", file=sys.stderr)
     sys.exit(77)
-from train_loop_bench import SIZES, config, demo
+from train_loop_bench import SIZES, _config_changes, config, demo
 
 import streamrt as srt
 import streamrt.torch as st
@@ -156,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         default=10,
         help="in a pass, (a) and (b) run at once and take turns of this many steps (default 10); 0: (a)'s whole run, then (b)'s",
     )
+    ap.add_argument("--set", default="", metavar="FIELD=VALUE,...", help="demo Config fields changed for both variants (e.g. prepare_strategy=fork_graph)")
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="also print each variant's top N functions (cProfile)")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
@@ -170,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     backend = args.backend or ("auto" if on_gpu else "sim")
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
     cfg = config(args.size, args.warmup + args.steps)
+    if args.set:
+        cfg = dataclasses.replace(cfg, **_config_changes(args.set))
     timers = Timers()
     rows: list[dict[str, Any]] = []
     make_batches = demo.synthetic_batches
