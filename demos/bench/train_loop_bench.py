@@ -58,10 +58,7 @@ import json
 import os
 import platform
 import sys
-import tempfile
 import time
-import warnings
-from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -73,6 +70,9 @@ except ImportError:  # `streamrt bench` reads exit status 77 as "skipped", the l
     sys.exit(77)
 
 import streamrt as srt
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _loop_probes.py, beside this file
+from _loop_probes import GpuProfile, SyncCounter  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZES = {
@@ -100,122 +100,6 @@ demo = _load_demo()
 def config(size: str, steps: int) -> Any:
     d, layers, heads, seqs, max_len, vocab = SIZES[size]
     return dataclasses.replace(demo.FULL, d_model=d, n_layers=layers, n_heads=heads, seqs=seqs, max_seqlen=max_len, vocab=vocab, steps=steps)
-
-
-# -- counting host synchronization -----------------------------------------------------------------------------
-
-
-class SyncCounter:
-    """Counts host-synchronizing calls while active: torch's (sync debug mode warnings) and streamrt's."""
-
-    def __init__(self, cuda: bool) -> None:
-        self.cuda = cuda
-        self.torch_syncs = 0
-        self.streamrt_syncs = 0
-        self.kinds: dict[str, int] = {}
-        self._active = False
-        self._saved: list[tuple[Any, str, Any]] = []
-        self._warnings: Any = None
-        self._log: list[warnings.WarningMessage] | None = None
-
-    def _wrap(self, owner: Any, name: str, blocking: Callable[[Any], bool]) -> None:
-        original = getattr(owner, name)
-        counter = self
-
-        def counted(obj: Any, *args: Any, **kwargs: Any) -> Any:
-            if counter._active and blocking(obj):
-                counter.streamrt_syncs += 1
-                key = f"{owner.__name__}.{name}"
-                counter.kinds[key] = counter.kinds.get(key, 0) + 1
-            return original(obj, *args, **kwargs)
-
-        self._saved.append((owner, name, original))
-        setattr(owner, name, counted)
-
-    def start(self) -> None:
-        self._wrap(srt.Stream, "synchronize", lambda s: True)
-        self._wrap(srt.Event, "synchronize", lambda e: True)
-        self._wrap(srt.Runtime, "synchronize", lambda r: True)
-        self._wrap(srt.Completion, "wait", lambda c: not c.is_done)
-        if self.cuda:
-            self._warnings = warnings.catch_warnings(record=True)
-            self._log = self._warnings.__enter__()
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-        self._active = True
-
-    def stop(self) -> None:
-        self._active = False
-        if self.cuda:
-            torch.cuda.set_sync_debug_mode("default")
-            assert self._log is not None
-            for w in self._log:
-                if "synchroniz" in str(w.message):
-                    self.torch_syncs += 1
-                    key = "torch: " + str(w.message)[:60]
-                    self.kinds[key] = self.kinds.get(key, 0) + 1
-            self._warnings.__exit__(None, None, None)
-        for owner, name, original in reversed(self._saved):
-            setattr(owner, name, original)
-        self._saved.clear()
-
-
-# -- GPU idle fraction from a profiler trace ----------------------------------------------------------------------------
-
-
-def _union_us(intervals: list[tuple[float, float]]) -> float:
-    total = 0.0
-    end = float("-inf")
-    for s, e in sorted(intervals):
-        if e <= end:
-            continue
-        total += e - max(s, end)
-        end = e
-    return total
-
-
-class GpuProfile:
-    """A torch profiler window: device activity intervals -> busy time and idle fraction."""
-
-    def __init__(self) -> None:
-        self.prof: Any = None
-        self.t0 = 0.0
-        self.result: dict[str, Any] = {}
-
-    def start(self) -> None:
-        from torch.profiler import ProfilerActivity, profile
-
-        torch.cuda.synchronize()
-        self.prof = profile(activities=[ProfilerActivity.CUDA])  # host ops unrecorded: less slowdown
-        self.prof.__enter__()
-        self.t0 = time.perf_counter()
-
-    def stop(self, steps: int) -> None:
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - self.t0
-        self.prof.__exit__(None, None, None)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "trace.json")
-            self.prof.export_chrome_trace(path)
-            with open(path) as f:
-                events = json.load(f).get("traceEvents", [])
-        intervals = [
-            (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
-            for e in events
-            if e.get("ph") == "X" and str(e.get("cat", "")).lower() in ("kernel", "gpu_memcpy", "gpu_memset")
-        ]
-        if not intervals:
-            self.result = {"error": "the profiler recorded no GPU activity"}
-            return
-        span = max(e for _s, e in intervals) - min(s for s, _e in intervals)
-        busy = _union_us(intervals)
-        self.result = {
-            "gpu_busy_us_per_step": busy / steps,
-            "span_us_per_step": span / steps,
-            "gpu_idle_fraction": 1.0 - busy / span if span > 0 else 0.0,
-            "profiled_step_ms": wall * 1e3 / steps,
-            "device_ops": len(intervals),
-        }
 
 
 # -- the eager floor ----------------------------------------------------------------------------------------------------
