@@ -23,7 +23,7 @@ What it measures, side by side, interleaving variants and repeating rounds
   stream held by ``sem_wait(done)``, and with ``stream_signals=True`` by a
   signal wait where the backend has them; switch
   interval lowered to the runtime's default, 10 µs, to 50 µs (the default
-  before run 27), and left at 5 ms), and a Python function run on
+  before run 27), and left at 5 ms; ``--switch-us`` picks others), and a Python function run on
   the driver thread (ctypes callback). Median µs. The stream is *held* (by a
   signal wait on the device where the backend has stream signals; a native
   ``sem_wait`` host function elsewhere) while the events and the host function
@@ -261,16 +261,13 @@ def _stall(rt: srt.Runtime, s: srt.Stream, enqueue: Callable[[], object], rounds
     return out
 
 
-def _stall_variants(backend: str, rounds: int) -> dict[str, dict[str, float]]:
+def _stall_variants(backend: str, rounds: int, switch_us: list[float | None]) -> dict[str, dict[str, float]]:
+    """The stall rows for each interval of ``switch_us`` (µs; ``None``: the interpreter's 5 ms, not lowered)."""
     results: dict[str, dict[str, float]] = {}
     sem = Semaphore(0)
     sem_post = _libc.sem_post
     py_driver = _HOST_FN(lambda _: None)
-    intervals = (
-        (f"switch {DEFAULT_SWITCH_INTERVAL * 1e6:g}us", DEFAULT_SWITCH_INTERVAL),
-        ("switch 50us", 5e-5),
-        ("switch 5ms (not lowered)", None),
-    )
+    intervals = [(f"switch {us:g}us", us * 1e-6) if us is not None else ("switch 5ms (not lowered)", None) for us in switch_us]
     for label, interval in intervals:
         with (
             srt.open_runtime(backend, python_host_switch_interval=interval) as rt,
@@ -344,7 +341,18 @@ def main() -> None:
     ap.add_argument(
         "--parts", default=",".join(PARTS), help=f"what to measure, a subset of {','.join(PARTS)} (default all; 'awaits' is all but the stall)"
     )
+    ap.add_argument(
+        "--switch-us",
+        default=f"{DEFAULT_SWITCH_INTERVAL * 1e6:g},50,off",
+        help="the stall's switch intervals in µs, 'off' for the interpreter's 5 ms (default: the runtime's 10, 50, off)",
+    )
     args = ap.parse_args()
+    try:
+        switch_us = [None if x.strip() == "off" else float(x) for x in args.switch_us.split(",")]
+    except ValueError:
+        ap.error(f"--switch-us: {args.switch_us!r} is not a list of µs (or 'off')")
+    if any(x is not None and x <= 0 for x in switch_us):
+        ap.error("--switch-us: intervals must be positive")
     parts = set(args.parts.split(","))
     if not parts <= set(PARTS):
         ap.error(f"--parts: unknown {sorted(parts - set(PARTS))}; choose from {','.join(PARTS)}")
@@ -353,7 +361,7 @@ def main() -> None:
     if "awaits" in parts:
         _awaits(args, report)
     if "stall" in parts:
-        report["host_function_stall"] = _stall_variants(report.get("backend", args.backend), rounds=30 * args.rounds)
+        report["host_function_stall"] = _stall_variants(report.get("backend", args.backend), rounds=30 * args.rounds, switch_us=switch_us)
     text = json.dumps(report, indent=2, default=str)
     print(text)
     if args.out:
