@@ -126,6 +126,14 @@ def test_completion_bench_measures_only_the_parts_asked_for(tmp_path: Path) -> N
     assert "native no-op (sem_post) [switch 10us]" in rows and "python fn on worker (streamrt) [switch 10us]" in rows
     bad = _run_script("completion_bench", "--backend", "sim", "--parts", "stall,bogus")
     assert bad.returncode == 2 and "unknown ['bogus']" in bad.stderr
+    picked = tmp_path / "picked.json"
+    run = _run_script("completion_bench", "--backend", "sim", "--rounds", "1", "--parts", "stall", "--switch-us", "5,off", "--out", str(picked))
+    assert run.returncode == 0, run.stderr
+    rows = json.loads(picked.read_text())["host_function_stall"]
+    assert "native no-op (sem_post) [switch 5us]" in rows and "native no-op (sem_post) [switch 5ms (not lowered)]" in rows
+    assert not any("[switch 10us" in name for name in rows)
+    bad = _run_script("completion_bench", "--backend", "sim", "--parts", "stall", "--switch-us", "0")
+    assert bad.returncode == 2 and "must be positive" in bad.stderr
 
 
 def test_train_loop_bench_times_the_variants_in_turns(tmp_path: Path) -> None:
