@@ -117,14 +117,15 @@ class GpuProfile:
             self.prof.export_chrome_trace(path)
             with open(path) as f:
                 events = json.load(f).get("traceEvents", [])
-        intervals = [
-            (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
+        ops = [
+            (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), str(e.get("name", "?")))
             for e in events
             if e.get("ph") == "X" and str(e.get("cat", "")).lower() in ("kernel", "gpu_memcpy", "gpu_memset")
         ]
-        if not intervals:
+        if not ops:
             self.result = {"error": "the profiler recorded no GPU activity"}
             return
+        intervals = [(s, e) for s, e, _n in ops]
         span = max(e for _s, e in intervals) - min(s for s, _e in intervals)
         busy = _union_us(intervals)
         self.result = {
@@ -132,5 +133,23 @@ class GpuProfile:
             "span_us_per_step": span / steps,
             "gpu_idle_fraction": 1.0 - busy / span if span > 0 else 0.0,
             "profiled_step_ms": wall * 1e3 / steps,
-            "device_ops": len(intervals),
+            "device_ops": len(ops),
+            "idle_gaps": _idle_gaps(ops, steps),
         }
+
+
+def _idle_gaps(ops: list[tuple[float, float, str]], steps: int, top: int = 5) -> list[tuple[float, float, str]]:
+    """Where the GPU idles: each gap between busy spans, named by the op that ended last before it and the
+    op that starts it, summed per pair of names; the ``top`` pairs as (µs per step, gaps per step, names)."""
+    gaps: dict[str, list[float]] = {}
+    end, last = float("-inf"), ""
+    for start, stop, name in sorted(ops):
+        if start > end and last:
+            key = f"{last[:48]} -> {name[:48]}"
+            total = gaps.setdefault(key, [0.0, 0.0])
+            total[0] += start - end
+            total[1] += 1
+        if stop > end:
+            end, last = stop, name
+    ranked = sorted(gaps.items(), key=lambda kv: kv[1][0], reverse=True)[:top]
+    return [(us / steps, n / steps, key) for key, (us, n) in ranked]

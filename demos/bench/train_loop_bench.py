@@ -508,6 +508,9 @@ def _print_table(results: dict[str, Any], variants: list[str]) -> None:
                 f"{_fmt(prof.get('gpu_idle_fraction'), '.1%', 10)}{_fmt(prof.get('profiled_step_ms'), '.3f', 9)}"
                 f"{_fmt(r.get('gpu_idle_timed'), '.1%', 11)}{_fmt(None if busy is None else busy / 1e3, '.3f', 12)}{_fmt(speed, '.2f', 7)}x"
             )
+        for v in variants:
+            for us, n, names in e.get(v, {}).get("profile", {}).get("idle_gaps", [])[:3]:
+                print(f"      ({v}) GPU idle {us:.1f} µs/step in {n:.1f} gaps/step: {names}")
         split = e.get("d", {}).get("stats", {}).get("host_us_per_step")
         if split:
             print(

@@ -177,3 +177,17 @@ def test_train_loop_bench_times_b_star_with_changed_config_fields(tmp_path: Path
     assert "(b**) vs (b):" in run.stdout
     bad = _run_script("train_loop_bench", "--device", "cpu", "--b-star", "prefetch_groups=4")
     assert bad.returncode != 0 and "prefetch_groups" in bad.stderr
+
+
+def test_the_loop_probe_names_the_gpu_idle_gaps_by_the_ops_around_them() -> None:
+    """train_loop_bench's profile: each idle gap is charged to (the op that ended last before it -> the op that
+    starts it), summed per pair over the window and divided by the steps, largest first."""
+    pytest.importorskip("torch", reason="torch is not installed (make test installs torch==2.13.0, the CPU build)")
+    sys.path.insert(0, str(SUITE))
+    try:
+        from _loop_probes import _idle_gaps
+    finally:
+        sys.path.remove(str(SUITE))
+    ops = [(0.0, 10.0, "gemm"), (5.0, 12.0, "copy"), (20.0, 30.0, "softmax"), (31.0, 40.0, "gemm"), (50.0, 60.0, "softmax")]
+    assert _idle_gaps(ops, steps=2) == [(5.0, 0.5, "gemm -> softmax"), (4.0, 0.5, "copy -> softmax"), (0.5, 0.5, "softmax -> gemm")]
+    assert _idle_gaps([(0.0, 5.0, "a"), (1.0, 4.0, "b")], steps=1) == []  # no gap
