@@ -24,10 +24,11 @@ Variants (same data, same initial weights, same optimizer, so the same losses):
     CUDA graph after ``warmup`` eager steps and replayed on static input
     buffers (static shapes: every batch is padded to the token budget).
 (d) the whole step in one ``torch.cuda.graph``, replayed once per step: the
-    batch from pinned staging into static buffers, the workspace prepare with
-    its host pack (recorded into torch's capture), forward, backward,
-    optimizer, the loss to the host, and a host function that stages the next
-    batch. The host only makes the batch and replays (see :class:`_WholeStep`).
+    workspace prepare with its host pack (recorded into torch's capture),
+    forward, backward, optimizer, the loss to the host, a host function that
+    stages the next batch in pinned memory, and that batch's copy into the
+    static buffers beside the optimizer. The host only makes the batch and
+    replays (see :class:`_WholeStep`).
 (c) and (d) need CUDA: they are skipped on CPU.
 
 On CPU (``--device cpu``, CI) streamrt runs on its simulator and CPU torch
@@ -73,7 +74,7 @@ from train_model import (  # noqa: E402
     REDUCED,
     Config,
     VarlenLM,
-    backward_and_step,
+    backward,
     build,
     forward_loss,
     step_body,
@@ -402,13 +403,16 @@ class _LossLog:
 class _WholeStep:
     """(d)'s step: one function, run eagerly for the warm-up steps and then captured whole.
 
-    In stream order on ``cap`` (a torch stream; torch's capture stream): the staged batch into
-    its static buffers (one H2D from pinned staging); then forks, joined at the end of the step:
-    the workspace prepare on ``prep`` (memset ∥ D2H → pack → H2D, recorded into torch's capture),
-    a host function on ``feed`` that stages the next batch (the staging is free once its H2D is
-    done), and, after the forward, the loss's D2H and a host function that logs it on ``out``;
-    backward and optimizer on ``cap``. Eager or replayed the order is the same, so the staging is
-    never written while a copy reads it and the losses are logged in step order.
+    In stream order on ``cap`` (a torch stream; torch's capture stream), forward, backward and
+    optimizer on the batch in the static buffers, with forks joined at the end of the step: the
+    workspace prepare on ``prep`` (memset ∥ D2H → pack → H2D, recorded into torch's capture); on
+    ``feed``, a host function that stages the next batch into pinned memory and, once the backward
+    and the prepare have read this batch for the last time, the next batch's H2D into the static
+    buffers, which runs beside the optimizer instead of before the next forward; after the
+    forward, the loss's D2H and a host function that logs it on ``out``. Eager or replayed the
+    order is the same, so neither the staging nor the static buffers are written while something
+    reads them, and the losses are logged in step order. The first batch is copied in before the
+    first step (:func:`whole_graph_steps`).
     """
 
     def __init__(self, cfg: Config, model: VarlenLM, opt: torch.optim.Optimizer, rt: srt.Runtime, prep: WorkspacePrepare | None, block: torch.Tensor) -> None:
@@ -424,18 +428,22 @@ class _WholeStep:
 
     def _body(self) -> None:
         cap = self.cap
-        self.block.copy_(self.pinned, non_blocking=True)
         self.prep_side.wait_stream(cap)
         self.feed_side.wait_stream(cap)
         if self.prep is not None:
             self.prep.launch(self.s_prep)
-        self.s_feed.launch_host_func(self.feed)
+        self.s_feed.launch_host_func(self.feed)  # the last H2D from the staging was the previous step's
         loss = forward_loss(self.model, self.static["tokens"], self.static["targets"], self.static["cu_seqlens"])
         self.out_side.wait_stream(cap)
         with torch.cuda.stream(self.out_side):
             self.loss_host.copy_(loss.detach(), non_blocking=True)
         self.s_out.launch_host_func(self.log)
-        backward_and_step(self.opt, loss)
+        backward(loss)
+        self.feed_side.wait_stream(cap)  # the backward has read this batch, and the prepare its cu_seqlens
+        self.feed_side.wait_stream(self.prep_side)
+        with torch.cuda.stream(self.feed_side):
+            self.block.copy_(self.pinned, non_blocking=True)  # the next batch, beside the optimizer
+        self.opt.step()
         for side in (self.prep_side, self.feed_side, self.out_side):
             cap.wait_stream(side)
 
@@ -485,6 +493,7 @@ def whole_graph_steps(cfg: Config, device: torch.device, rt: srt.Runtime) -> Ste
         first = next(batches, None)
         if first is not None:
             whole.feed.stage(first)  # nothing reads the staging yet
+            whole.block.copy_(whole.pinned, non_blocking=True)  # each step copies in the next batch
         for step in range(cfg.steps if first is not None else 0):
             t_a = time.perf_counter()
             nxt = next(batches, None)

@@ -195,7 +195,11 @@ def forward_loss(model: VarlenLM, tokens: torch.Tensor, targets: torch.Tensor, c
         return F.cross_entropy(model(tokens, cu), targets, ignore_index=IGNORE)
 
 
-def backward_and_step(opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+def backward(loss: torch.Tensor) -> None:
     with sdpa_kernel(SDPBackend.MATH):
         loss.backward()
+
+
+def backward_and_step(opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+    backward(loss)
     opt.step()
