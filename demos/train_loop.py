@@ -1,6 +1,7 @@
 """A small varlen transformer trained four ways: plain torch, streamrt, and two captured forms.
 
-The model, its data and its sizes are in ``train_model.py`` beside this file.
+The model, its data and its sizes are in ``train_model.py`` beside this file, variant (d) in
+``train_whole_step.py``, and what the variants share in ``train_common.py``.
 
 Variants (same data, same initial weights, same optimizer, so the same losses):
 
@@ -47,8 +48,7 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -56,136 +56,42 @@ import torch
 
 import streamrt as srt
 import streamrt.torch as st
-from streamrt.recipes.fmha_bwd import (
-    WorkspaceParams,
-    WorkspacePrepare,
-    native_pack_available,
-    pack_metadata,
-    pack_metadata_native,
-    parse_metadata,
-    reference_metadata,
-    workspace_size,
-)
+from streamrt.recipes.fmha_bwd import parse_metadata, workspace_size
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # train_model.py, beside this file
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the modules beside this file
+from train_common import (  # noqa: E402
+    PACK,
+    MetadataCheck,
+    Result,
+    StepHook,
+    Steps,
+    drive,
+    host_copies,
+    num_cus,
+    pack_on_this_thread,
+    span,
+    wait,
+    workspace,
+)
 from train_model import (  # noqa: E402
     FULL,
     IGNORE,
     REDUCED,
     Config,
     VarlenLM,
-    backward,
     build,
-    forward_loss,
     step_body,
     synthetic_batches,
     train_step,
 )
+from train_whole_step import run_whole_graph, whole_graph_steps  # noqa: E402
 
 __all__ = [
-    "FULL", "REDUCED", "VARIANTS", "Config", "Result", "Steps", "compare", "drive", "main", "plain_steps", "run_plain", "run_streamrt",
-    "run_whole_graph", "streamrt_steps", "synthetic_batches", "whole_graph_steps",
+    "FULL", "PACK", "REDUCED", "VARIANTS", "Config", "MetadataCheck", "Result", "Steps", "compare", "drive", "main", "plain_steps",
+    "run_plain", "run_streamrt", "run_whole_graph", "streamrt_steps", "synthetic_batches", "whole_graph_steps",
 ]
 
 VARIANTS = ("a", "b", "c", "d")
-
-#: The host pack both ways use: the C one where it was built (no GIL while it runs), else numpy.
-PACK = "native" if native_pack_available() else "python"
-_pack_on_this_thread = pack_metadata_native if PACK == "native" else pack_metadata
-
-
-# -- helpers shared by the variants ------------------------------------------------------------------------------------
-
-
-@dataclass
-class Result:
-    """What one variant produced."""
-
-    variant: str
-    losses: list[float]
-    seconds: float
-    verified_steps: list[int] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    stats: dict[str, Any] = field(default_factory=dict)
-
-
-StepHook = Callable[[int], None]
-
-#: A variant's loop as a generator: it yields each step's index once the step is enqueued and returns
-#: the :class:`Result`. A benchmark can so run several variants in turns, a few steps each.
-Steps = Generator[int, None, Result]
-
-
-def drive(steps: Steps, on_step: StepHook | None = None) -> Result:
-    """Run a variant's loop to its end, calling ``on_step(step)`` after each step; its Result."""
-    while True:
-        try:
-            step = next(steps)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        if on_step is not None:
-            on_step(step)
-
-
-def _span(rt: srt.Runtime | None, name: str, fn: Callable[..., Any], *args: Any) -> Any:
-    """torch work as a span on streamrt's timeline while ``rt`` is traced (else just ``fn(*args)``)."""
-    return fn(*args) if rt is None else st.trace_torch(rt, name, fn, *args)
-
-
-def _wait(rt: srt.Runtime | None, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-    """A host-blocking call, recorded as such while ``rt`` is traced."""
-    return fn(*args) if rt is None else st.trace_host_wait(rt, what, fn, *args)
-
-
-def _num_cus(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).multi_processor_count)
-    return 132  # the simulated H200
-
-
-def _host_copies(batches: Iterator[dict[str, torch.Tensor]], keep: deque[np.ndarray] | list[np.ndarray]) -> Iterator[dict[str, torch.Tensor]]:
-    """Pass batches through, keeping a host copy of each ``cu_seqlens`` (for the metadata check)."""
-    for b in batches:
-        keep.append(b["cu_seqlens"].numpy().copy())
-        yield b
-
-
-class _MetadataCheck:
-    """Checks fetched workspace metadata against the numpy oracle without slowing the loop.
-
-    In the loop, :meth:`add` collects the copies that have landed only once
-    more than ``depth`` are pending (never blocking): nothing needs a result
-    sooner, and a host that runs many steps ahead of the GPU (29 replays at
-    size s) would otherwise poll a copy still in flight on almost every step.
-    The comparison with the (slow, pure-Python) oracle runs in :meth:`verify`,
-    after the loop, so it is not part of the measured steps.
-    """
-
-    def __init__(self, params: WorkspaceParams, depth: int = 4) -> None:
-        self.params = params
-        self.depth = depth
-        self.pending: deque[tuple[int, np.ndarray, st.FetchFuture]] = deque()
-        self.landed: list[tuple[int, np.ndarray, np.ndarray]] = []
-        self.verified: list[int] = []
-
-    def add(self, step: int, cu: np.ndarray, fut: st.FetchFuture) -> None:
-        self.pending.append((step, cu, fut))
-        if len(self.pending) > self.depth:
-            self.poll()
-
-    def poll(self, *, block: bool = False) -> None:
-        while self.pending and (block or self.pending[0][2].is_done):
-            step, cu, fut = self.pending.popleft()
-            self.landed.append((step, cu, fut.result()))
-
-    def verify(self) -> None:
-        """Wait for every copy and compare each with the oracle; ``AssertionError`` on a difference."""
-        self.poll(block=True)
-        for step, cu, got in self.landed:
-            if not np.array_equal(got, reference_metadata(self.params, cu, cu)):
-                raise AssertionError(f"workspace metadata of step {step} differs from the reference")
-            self.verified.append(step)
-        self.landed.clear()
 
 
 # -- variant (a): plain torch ----------------------------------------------------------------------------------------
@@ -202,24 +108,24 @@ def run_plain(cfg: Config, device: torch.device, *, rt: srt.Runtime | None = Non
 def plain_steps(cfg: Config, device: torch.device, *, rt: srt.Runtime | None = None) -> Steps:
     """:func:`run_plain`'s loop, step by step (see :data:`Steps`)."""
     model, opt = build(cfg, device)
-    params = cfg.workspace_params(_num_cus(device))
+    params = cfg.workspace_params(num_cus(device))
     region = params.metadata_region_bytes
     ws = torch.zeros(workspace_size(params), dtype=torch.uint8, device=device)
     meta_host = np.zeros(region, dtype=np.uint8)
     losses: list[float] = []
     t0 = time.perf_counter()
     for step, host in enumerate(synthetic_batches(cfg)):
-        tokens = _wait(rt, "tokens.to(device)", host["tokens"].to, device)
-        targets = _wait(rt, "targets.to(device)", host["targets"].to, device)
-        cu = _wait(rt, "cu_seqlens.to(device)", host["cu_seqlens"].to, device)
+        tokens = wait(rt, "tokens.to(device)", host["tokens"].to, device)
+        targets = wait(rt, "targets.to(device)", host["targets"].to, device)
+        cu = wait(rt, "cu_seqlens.to(device)", host["cu_seqlens"].to, device)
         if cfg.prepare:  # the old prepare: seqstart to the host (a blocking D2H), pack, back
-            cu_host = _wait(rt, "cu_seqlens.cpu()", cu.cpu).numpy()
-            _pack_on_this_thread(params, cu_host, cu_host, out=meta_host)
+            cu_host = wait(rt, "cu_seqlens.cpu()", cu.cpu).numpy()
+            pack_on_this_thread(params, cu_host, cu_host, out=meta_host)
             used = parse_metadata(params, meta_host).dq_acc_zero_bytes
             ws[region : region + used].zero_()
-            _wait(rt, "metadata.to(device)", ws[:region].copy_, torch.from_numpy(meta_host))
-        loss = _span(rt, "fwd+bwd+step", train_step, model, opt, tokens, targets, cu)
-        losses.append(_wait(rt, "loss.item()", loss.item))
+            wait(rt, "metadata.to(device)", ws[:region].copy_, torch.from_numpy(meta_host))
+        loss = span(rt, "fwd+bwd+step", train_step, model, opt, tokens, targets, cu)
+        losses.append(wait(rt, "loss.item()", loss.item))
         yield step
     return Result("a", losses, time.perf_counter() - t0)
 
@@ -265,18 +171,6 @@ class _GraphStep:
         return self.loss
 
 
-def _workspace(cfg: Config, device: torch.device, rt: srt.Runtime, seq: torch.Tensor) -> tuple[WorkspaceParams, torch.Tensor, WorkspacePrepare | None]:
-    """The workspace (zeroed) and its prepare over ``seq`` (``None`` without ``cfg.prepare``).
-
-    Device memory of the runtime: torch CUDA tensors, or simulator memory aliased by CPU tensors.
-    """
-    params = cfg.workspace_params(_num_cus(device))
-    ws = st.device_empty(rt, workspace_size(params), torch.uint8)
-    ws.zero_()
-    prep = WorkspacePrepare(rt, params, seq, seq, ws, pack=PACK) if cfg.prepare else None
-    return params, ws, prep
-
-
 def run_streamrt(
     cfg: Config,
     device: torch.device,
@@ -300,9 +194,9 @@ def streamrt_steps(
     model, opt = build(cfg, device)
     seq = st.device_empty(rt, cfg.seqs + 1, torch.int32)
     seq.zero_()
-    params, ws, prep = _workspace(cfg, device, rt, seq)
+    params, ws, prep = workspace(cfg, device, rt, seq)
     meta = ws[: params.metadata_region_bytes]  # the fetched metadata: one view for the whole loop
-    check = _MetadataCheck(params)
+    check = MetadataCheck(params)
     host_cu: deque[np.ndarray] = deque()
     # (c)'s loss is the graph's static output, which the next replay overwrites: copied out every step.
     logger = st.MetricsLogger(rt, lag=cfg.lag, sink=sink, group=1 if graph else cfg.log_group)
@@ -310,7 +204,7 @@ def streamrt_steps(
     prev: tuple[int, Any, np.ndarray] | None = None  # (step, Run, host cu_seqlens) of the last prepare
     notes: list[str] = []
     t0 = time.perf_counter()
-    with st.Prefetcher(_host_copies(synthetic_batches(cfg), host_cu), rt, depth=cfg.depth, group=cfg.prefetch_group) as batches:
+    with st.Prefetcher(host_copies(synthetic_batches(cfg), host_cu), rt, depth=cfg.depth, group=cfg.prefetch_group) as batches:
         for step, batch in enumerate(batches):
             cu_host = host_cu.popleft()
             if prep is not None:
@@ -325,11 +219,11 @@ def streamrt_steps(
                 seq.copy_(batch["cu_seqlens"])
                 prev = (step, prep.launch(current, cfg.prepare_strategy, join=False), cu_host)
             if stepper is None:
-                loss = _span(rt, "fwd+bwd+step", train_step, model, opt, batch["tokens"], batch["targets"], batch["cu_seqlens"])
+                loss = span(rt, "fwd+bwd+step", train_step, model, opt, batch["tokens"], batch["targets"], batch["cu_seqlens"])
             elif step < cfg.warmup:
-                loss = _span(rt, "warmup step", stepper.eager_warmup, batch)
+                loss = span(rt, "warmup step", stepper.eager_warmup, batch)
             else:
-                loss = _span(rt, "graph replay", stepper, batch)
+                loss = span(rt, "graph replay", stepper, batch)
             logger.log(step, loss)
             yield step
         pstats = batches.statistics()
@@ -348,179 +242,6 @@ def streamrt_steps(
     losses = [float(v) for _s, v in logger.records]
     stats = {"metrics": dataclasses.asdict(logger.statistics()), "prefetch": dataclasses.asdict(pstats)}
     return Result(variant, losses, seconds, check.verified, notes, stats)
-
-
-# -- variant (d): the whole step in one torch.cuda.graph -------------------------------------------------------------
-
-
-def _batch_layout(cfg: Config) -> tuple[list[tuple[str, torch.dtype, int, int]], int]:
-    """Where ``cu_seqlens``, ``tokens`` and ``targets`` sit in one block: (name, dtype, offset, bytes) each
-    (16-byte aligned), and the block's size."""
-    fields, offset = [], 0
-    for name, dtype, n in (("cu_seqlens", torch.int32, cfg.seqs + 1), ("tokens", torch.int64, cfg.token_budget), ("targets", torch.int64, cfg.token_budget)):
-        nbytes = n * dtype.itemsize
-        fields.append((name, dtype, offset, nbytes))
-        offset += -(-nbytes // 16) * 16
-    return fields, offset
-
-
-def _carve(block: torch.Tensor, cfg: Config) -> dict[str, torch.Tensor]:
-    """The batch's tensors as views of the uint8 ``block`` (see :func:`_batch_layout`)."""
-    return {name: block[offset : offset + nbytes].view(dtype) for name, dtype, offset, nbytes in _batch_layout(cfg)[0]}
-
-
-class _Feed:
-    """(d)'s input on the host: batches the loop queued, staged into pinned memory in stream order.
-
-    It runs as a host function recorded into the graph, so it holds no reference to the graph
-    (the graph keeps it alive: a reference back would be a cycle no collector sees).
-    """
-
-    def __init__(self, staging: dict[str, torch.Tensor]) -> None:
-        self.views = {k: t.numpy() for k, t in staging.items()}
-        self.pending: deque[dict[str, torch.Tensor]] = deque()
-
-    def stage(self, batch: dict[str, torch.Tensor]) -> None:
-        for k, view in self.views.items():
-            np.copyto(view, batch[k].numpy())
-
-    def __call__(self) -> None:
-        if self.pending:
-            self.stage(self.pending.popleft())
-
-
-class _LossLog:
-    """(d)'s losses: a host function recorded into the graph reads the pinned loss of each replay."""
-
-    def __init__(self, pinned: torch.Tensor) -> None:
-        self.view = pinned.numpy()
-        self.losses: list[float] = []
-
-    def __call__(self) -> None:
-        self.losses.append(float(self.view))
-
-
-class _WholeStep:
-    """(d)'s step: one function, run eagerly for the warm-up steps and then captured whole.
-
-    In stream order on ``cap`` (a torch stream; torch's capture stream), forward, backward and
-    optimizer on the batch in the static buffers, with forks joined at the end of the step: the
-    workspace prepare on ``prep`` (memset ∥ D2H → pack → H2D, recorded into torch's capture); on
-    ``feed``, a host function that stages the next batch into pinned memory and, once the backward
-    and the prepare have read this batch for the last time, the next batch's H2D into the static
-    buffers, which runs beside the optimizer instead of before the next forward; after the
-    forward, the loss's D2H and a host function that logs it on ``out``. Eager or replayed the
-    order is the same, so neither the staging nor the static buffers are written while something
-    reads them, and the losses are logged in step order. The first batch is copied in before the
-    first step (:func:`whole_graph_steps`).
-    """
-
-    def __init__(self, cfg: Config, model: VarlenLM, opt: torch.optim.Optimizer, rt: srt.Runtime, prep: WorkspacePrepare | None, block: torch.Tensor) -> None:
-        self.model, self.opt, self.prep, self.warmup = model, opt, prep, cfg.warmup
-        self.block, self.static = block, _carve(block, cfg)
-        self.pinned = torch.empty(block.shape, dtype=torch.uint8, pin_memory=True)
-        self.feed = _Feed(_carve(self.pinned, cfg))
-        self.loss_host = torch.zeros((), dtype=torch.float32, pin_memory=True)
-        self.log = _LossLog(self.loss_host)
-        self.cap, self.prep_side, self.feed_side, self.out_side = (torch.cuda.Stream(block.device) for _ in range(4))
-        self.s_prep, self.s_feed, self.s_out = (rt.wrap_stream(x) for x in (self.prep_side, self.feed_side, self.out_side))
-        self.graph: Any = None
-
-    def _body(self) -> None:
-        cap = self.cap
-        self.prep_side.wait_stream(cap)
-        self.feed_side.wait_stream(cap)
-        if self.prep is not None:
-            self.prep.launch(self.s_prep)
-        self.s_feed.launch_host_func(self.feed)  # the last H2D from the staging was the previous step's
-        loss = forward_loss(self.model, self.static["tokens"], self.static["targets"], self.static["cu_seqlens"])
-        self.out_side.wait_stream(cap)
-        with torch.cuda.stream(self.out_side):
-            self.loss_host.copy_(loss.detach(), non_blocking=True)
-        self.s_out.launch_host_func(self.log)
-        backward(loss)
-        self.feed_side.wait_stream(cap)  # the backward has read this batch, and the prepare its cu_seqlens
-        self.feed_side.wait_stream(self.prep_side)
-        with torch.cuda.stream(self.feed_side):
-            self.block.copy_(self.pinned, non_blocking=True)  # the next batch, beside the optimizer
-        self.opt.step()
-        for side in (self.prep_side, self.feed_side, self.out_side):
-            cap.wait_stream(side)
-
-    def __call__(self, step: int) -> None:
-        """Step ``step`` on ``cap`` (torch's current stream): eager before ``warmup``, then the graph."""
-        if step < self.warmup:
-            self.opt.zero_grad(set_to_none=True)
-            self._body()
-            return
-        if self.graph is None:
-            self.opt.zero_grad(set_to_none=True)
-            self.graph = torch.cuda.CUDAGraph()
-            # thread_local: streamrt's completion threads keep waiting on events during the capture
-            with torch.cuda.graph(self.graph, stream=self.cap, capture_error_mode="thread_local"):
-                self._body()
-        self.graph.replay()
-
-
-def run_whole_graph(cfg: Config, device: torch.device, rt: srt.Runtime, *, on_step: StepHook | None = None) -> Result:
-    """(d): the whole step, prepare included, in one ``torch.cuda.graph`` (see :class:`_WholeStep`).
-
-    ``stats["host_us_per_step"]``: the host's mean time per replayed step, split into making the
-    batch, the replay, and the rest (queueing the batch for the feed, the verification fetches,
-    collecting them), with the rest's ``fetch`` and ``poll`` (the collecting) also on their own.
-    """
-    return drive(whole_graph_steps(cfg, device, rt), on_step)
-
-
-def whole_graph_steps(cfg: Config, device: torch.device, rt: srt.Runtime) -> Steps:
-    """:func:`run_whole_graph`'s loop, step by step (see :data:`Steps`). It runs its steps on its own
-    stream: a driver that interleaves variants must restore torch's current stream between turns."""
-    if device.type != "cuda":
-        raise ValueError("variant (d) captures the step into a CUDA graph: it needs --device cuda")
-    model, opt = build(cfg, device)
-    block = st.device_empty(rt, _batch_layout(cfg)[1], torch.uint8)  # the static batch: cu_seqlens | tokens | targets
-    block.zero_()
-    params, ws, prep = _workspace(cfg, device, rt, _carve(block, cfg)["cu_seqlens"])
-    meta = ws[: params.metadata_region_bytes]  # the fetched metadata: one view for the whole loop
-    whole = _WholeStep(cfg, model, opt, rt, prep, block)
-    check = _MetadataCheck(params)
-    host_cu: list[np.ndarray] = []
-    spent = np.zeros(5)  # making the batch, the replay, the rest, and of the rest the fetches and the polls
-    t0 = time.perf_counter()
-    batches = _host_copies(synthetic_batches(cfg), host_cu)
-    whole.cap.wait_stream(torch.cuda.current_stream(device))  # the weights and buffers made above
-    with torch.cuda.stream(whole.cap):
-        first = next(batches, None)
-        if first is not None:
-            whole.feed.stage(first)  # nothing reads the staging yet
-            whole.block.copy_(whole.pinned, non_blocking=True)  # each step copies in the next batch
-        for step in range(cfg.steps if first is not None else 0):
-            t_a = time.perf_counter()
-            nxt = next(batches, None)
-            t_b = time.perf_counter()
-            if nxt is not None:
-                whole.feed.pending.append(nxt)
-            t_c = time.perf_counter()
-            _span(rt, "warmup step" if step < cfg.warmup else "graph replay", whole, step)
-            t_d = time.perf_counter()
-            fut = st.fetch(rt, meta) if prep is not None and step % cfg.verify_every == 0 else None  # before the next step rewrites it
-            t_e = time.perf_counter()
-            if fut is not None:
-                check.add(step, host_cu[step], fut)
-            if step > cfg.warmup:
-                t_f = time.perf_counter()
-                spent += (t_b - t_a, t_d - t_c, (t_c - t_b) + (t_f - t_d), t_e - t_d, t_f - t_e)
-            yield step
-        whole.cap.synchronize()
-    check.verify()
-    seconds = time.perf_counter() - t0
-    if prep is not None:
-        prep.close()
-    replayed = max(cfg.steps - cfg.warmup - 1, 1)
-    batch_us, replay_us, rest_us, fetch_us, poll_us = (spent * 1e6 / replayed).tolist()
-    stats = {"host_us_per_step": {"batch": batch_us, "replay": replay_us, "rest": rest_us, "fetch": fetch_us, "poll": poll_us}}
-    notes = [f"the whole step captured at step {cfg.warmup} after {cfg.warmup} eager steps; host per replayed step: replay {replay_us:.1f} µs, rest {rest_us:.1f} µs"]
-    return Result("d", whole.log.losses, seconds, check.verified, notes, stats)
 
 
 # -- running and comparing ----------------------------------------------------------------------------------------------

@@ -61,6 +61,7 @@ from train_loop_bench import SIZES, _config_changes, config, demo
 
 import streamrt as srt
 import streamrt.torch as st
+from streamrt.recipes.fmha_bwd import WorkspacePrepare
 from streamrt.torch import _slots
 
 
@@ -183,9 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         (st.Prefetcher, "__next__", "prefetch next"),
         (st.Prefetcher, "_stage", "prefetch stage"),
         (_slots.Slots, "hand_off", "hand_off"),
-        (demo.WorkspacePrepare, "launch", "prepare launch"),
+        (WorkspacePrepare, "launch", "prepare launch"),
         (st.MetricsLogger, "log", "logger.log"),
-        (demo._MetadataCheck, "poll", "check.poll"),
+        (demo.MetadataCheck, "poll", "check.poll"),
         (st, "order_after", "order_after"),
         (st, "fetch", "fetch"),
         (torch.Tensor, "copy_", "copy_"),

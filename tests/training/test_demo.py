@@ -132,7 +132,7 @@ class _CountedFetch:
 
 def test_the_metadata_check_polls_only_past_its_depth(demo: ModuleType) -> None:
     """The loop's verification never polls while few copies are pending, then collects the landed ones, oldest first."""
-    check = demo._MetadataCheck(params=None, depth=2)
+    check = demo.MetadataCheck(params=None, depth=2)
     futs = [_CountedFetch() for _ in range(4)]
     check.add(0, None, futs[0])
     check.add(10, None, futs[1])
