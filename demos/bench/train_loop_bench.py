@@ -59,6 +59,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -94,7 +95,7 @@ def _load_demo() -> ModuleType:
     return module
 
 
-demo = _load_demo()
+demo: Any = _load_demo()  # the demo module (loaded by path: its functions are looked up at run time)
 
 
 def config(size: str, steps: int) -> Any:
@@ -219,6 +220,17 @@ def run_once(
     return out
 
 
+def turn_order(variants: Sequence[str], steps: int, turn: int) -> Iterator[tuple[str, int]]:
+    """The turns of a round: ``(variant, steps)``, each variant ``turn`` steps at a time (the last turn
+    what is left of ``steps``), the order reversing every cycle (a b c, c b a, a b c, ...)."""
+    done, cycle = 0, 0
+    while done < steps:
+        n = min(turn, steps - done)
+        for v in variants if cycle % 2 == 0 else variants[::-1]:
+            yield v, n
+        done, cycle = done + n, cycle + 1
+
+
 def run_turns(
     variants: list[str], cfgs: dict[str, Any], device: torch.device, *, warmup: int, steps: int, turn: int, backend: str,
     runtime_options: dict[str, Any] | None = None,
@@ -274,19 +286,14 @@ def run_turns(
             streams[v] = default
             advance(v, warmup)
             _sync(device, rt)
-        done, cycle = 0, 0
-        while done < steps:
-            n = min(turn, steps - done)
-            for v in variants if cycle % 2 == 0 else variants[::-1]:
-                t0 = time.perf_counter()
-                first, *rest = advance(v, n, marked=True)
-                host[v] += time.perf_counter() - t0
-                _sync(device, rts[v])
-                if rest:
-                    last = rest[-1]
-                    turns[v].append((first.elapsed_time(last) if cuda else (last - first) * 1e3, n - 1))
-            done += n
-            cycle += 1
+        for v, n in turn_order(variants, steps, turn):
+            t0 = time.perf_counter()
+            first, *rest = advance(v, n, marked=True)
+            host[v] += time.perf_counter() - t0
+            _sync(device, rts[v])
+            if rest:
+                last = rest[-1]
+                turns[v].append((first.elapsed_time(last) if cuda else (last - first) * 1e3, n - 1))
         out: dict[str, dict[str, Any]] = {}
         for v in variants:
             res = demo.drive(loops[v])  # the loop's end: flush, verify, close
@@ -345,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.turn == 1 or args.turn < 0:
         ap.error("--turn: 0, or at least 2 steps (a turn is timed between the ends of its first and last step)")
-    stars = {"b" + "*" * i: _config_changes(text) for i, text in enumerate(args.b_star, 1)}  # variant: Config changes
+    stars = {"b" + "*" * i: config_changes(text) for i, text in enumerate(args.b_star, 1)}  # variant: Config changes
     device = torch.device(args.device or ("cpu" if args.backend == "sim" else "cuda"))
     if device.type == "cuda" and not torch.cuda.is_available():
         print(f"torch {torch.__version__} has no CUDA device here; --device cpu (or --backend sim) runs a functional version on the simulator", file=sys.stderr)
@@ -459,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
 _PAIRS = [("b", "a"), ("c", "a"), ("d", "a"), ("d", "c"), ("b", "e")]  # (x, y): x's speed over y's, reported where both ran
 
 
-def _config_changes(text: str) -> dict[str, Any]:
+def config_changes(text: str) -> dict[str, Any]:
     """``"field=value,..."`` as demo Config changes, each value converted to its field's type."""
     types = {f.name: f.type for f in dataclasses.fields(demo.Config)}
     changes: dict[str, Any] = {}
@@ -468,7 +475,7 @@ def _config_changes(text: str) -> dict[str, Any]:
         name = name.strip()
         if name not in types or not value:
             raise SystemExit(f"{item!r} is not FIELD=VALUE with a field of the demo's Config ({', '.join(types)})")
-        kind = types[name] if isinstance(types[name], str) else types[name].__name__
+        kind = types[name] if isinstance(types[name], str) else getattr(types[name], "__name__", "")
         changes[name] = value == "true" if kind == "bool" else int(value) if kind == "int" else float(value) if kind == "float" else value
     return changes
 

@@ -57,7 +57,7 @@ try:
 except ImportError:  # `streamrt bench` reads exit status 77 as "skipped", the last stderr line as why
     print("needs torch: pip install 'streamrt[torch]'", file=sys.stderr)
     sys.exit(77)
-from train_loop_bench import SIZES, _config_changes, config, demo
+from train_loop_bench import SIZES, config, config_changes, demo, turn_order
 
 import streamrt as srt
 import streamrt.torch as st
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
     cfg = config(args.size, args.warmup + args.steps)
     if args.set:
-        cfg = dataclasses.replace(cfg, **_config_changes(args.set))
+        cfg = dataclasses.replace(cfg, **config_changes(args.set))
     timers = Timers()
     rows: list[dict[str, Any]] = []
     make_batches = demo.synthetic_batches
@@ -246,17 +246,13 @@ def main(argv: list[str] | None = None) -> int:
                     sync()
                     per[v].clear()
                 batches, cpu = rt._engine.statistics().batches, _runtime_thread_cpu()
-                done, cycle = 0, 0
-                while done < steps:
-                    n = min(args.turn, steps - done)
-                    for v in "ab" if cycle % 2 == 0 else "ba":
-                        timers.totals = per[v]
-                        t0 = time.perf_counter()
-                        for _ in range(n):
-                            next(loops[v])
-                        sync()
-                        wall[v] += time.perf_counter() - t0
-                    done, cycle = done + n, cycle + 1
+                for v, n in turn_order("ab", steps, args.turn):
+                    timers.totals = per[v]
+                    t0 = time.perf_counter()
+                    for _ in range(n):
+                        next(loops[v])
+                    sync()
+                    wall[v] += time.perf_counter() - t0
                 lane_batches = rt._engine.statistics().batches - batches
                 cpu_s = sum(t - cpu.get(name, 0.0) for name, t in _runtime_thread_cpu().items())
                 timers.totals = collections.defaultdict(float)

@@ -191,3 +191,16 @@ def test_the_loop_probe_names_the_gpu_idle_gaps_by_the_ops_around_them() -> None
     ops = [(0.0, 10.0, "gemm"), (5.0, 12.0, "copy"), (20.0, 30.0, "softmax"), (31.0, 40.0, "gemm"), (50.0, 60.0, "softmax")]
     assert _idle_gaps(ops, steps=2) == [(5.0, 0.5, "gemm -> softmax"), (4.0, 0.5, "copy -> softmax"), (0.5, 0.5, "softmax -> gemm")]
     assert _idle_gaps([(0.0, 5.0, "a"), (1.0, 4.0, "b")], steps=1) == []  # no gap
+
+
+def test_the_turns_reverse_their_order_every_cycle_and_the_last_takes_what_is_left() -> None:
+    """train_loop_bench.turn_order: each variant ``turn`` steps at a time, a b c then c b a, so a drift of the host's
+    speed during the round weighs on every variant alike; the breakdown takes its turns from it too."""
+    pytest.importorskip("torch", reason="torch is not installed (make test installs torch==2.13.0, the CPU build)")
+    sys.path.insert(0, str(SUITE))
+    try:
+        from train_loop_bench import turn_order
+    finally:
+        sys.path.remove(str(SUITE))
+    assert list(turn_order("abc", 7, 3)) == [("a", 3), ("b", 3), ("c", 3), ("c", 3), ("b", 3), ("a", 3), ("a", 1), ("b", 1), ("c", 1)]
+    assert list(turn_order(["a", "b"], 0, 10)) == []
