@@ -166,16 +166,19 @@ class MainDispatch:
         fn, args = req.fn, req.args
         req.fn = None
         req.args = ()
-        t0 = time.thread_time()
-        req.value, req.exc = call_host_function(fn, args)
-        us = (time.thread_time() - t0) * 1e6
-        req.ran = True
-        self.on_main += 1
-        self._ran.append((req, fn, args, us))
-        del fn, args
-        if req.post_done:
-            worker._let_stream_go(req)
-        self._ran_posted.post()
+        us = 0.0
+        try:
+            t0 = time.thread_time()
+            req.value, req.exc = call_host_function(fn, args)
+            us = (time.thread_time() - t0) * 1e6
+            req.ran = True
+            self.on_main += 1
+        finally:  # whatever happened, the stream goes on and the worker finishes the call
+            self._ran.append((req, fn, args, us))
+            del fn, args
+            if req.post_done:
+                worker._let_stream_go(req)
+            self._ran_posted.post()
 
     def take(self) -> Any:
         """Worker, woken: :data:`SERVED` if the main thread ran the call it was woken for (finished
