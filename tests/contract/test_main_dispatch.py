@@ -18,6 +18,7 @@ import pytest
 
 import streamrt as srt
 from streamrt._host_dispatch import MainDispatch, unavailable_reason
+from streamrt._native import leaked_semaphores
 from support.gate import Gate
 
 
@@ -161,6 +162,7 @@ def test_a_pipeline_launch_runs_its_python_host_node_on_the_busy_main_thread(mai
 def test_the_runtime_closes_with_calls_served_on_the_main_thread(backend: str, late_worker: None) -> None:
     if unavailable_reason() is not None:
         pytest.skip(unavailable_reason())
+    leaked = leaked_semaphores()
     rt = srt.open_runtime(backend, python_host_dispatch="main", python_host_switch_interval=None)
     s = rt.create_stream()
     ran: list[int] = []
@@ -169,6 +171,7 @@ def test_the_runtime_closes_with_calls_served_on_the_main_thread(backend: str, l
     _spin_until(lambda: len(ran) == 3)
     rt.close()  # drains: the worker finishes what the main thread ran
     assert ran == [0, 1, 2]
+    assert leaked_semaphores() == leaked  # a clean stop frees the semaphores and the dispatch
 
 
 def test_a_traced_call_is_left_to_the_worker_and_traced(main_rt: srt.Runtime, late_worker: None) -> None:
