@@ -1,4 +1,4 @@
-"""The five optional C extensions; everything else about the package is in pyproject.toml.
+"""The four optional C extensions; everything else about the package is in pyproject.toml.
 
 They are declared here because setuptools' ``[tool.setuptools.ext-modules]`` tables
 in pyproject.toml are still experimental (pip install warns about them).
@@ -22,8 +22,5 @@ setup(
         # A launch's driver calls in one native call (streamrt._backends._native_ops); without it the
         # GPU backends make the same calls one by one through the bindings.
         Extension("streamrt._backends._launch_c", ["streamrt/_backends/_launch_c.c"], optional=True),
-        # The host function that offers a Python host call to the main thread (streamrt._host_dispatch);
-        # without it python_host_dispatch="main" is refused.
-        Extension("streamrt._host_dispatch_c", ["streamrt/_host_dispatch_c.c"], optional=True),
     ],
 )

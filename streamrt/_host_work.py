@@ -1,4 +1,4 @@
-"""Running a Python host function, and how long each one runs: what a simulated stream waits for.
+"""How long each Python host function runs, measured on its worker: what a simulated stream waits for.
 
 On the simulator (a backend with ``expect_host_work``) the engine keeps a
 :class:`HostWorkEstimates`; workers time each run of a function into its
@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["HostWorkEstimate", "HostWorkEstimates", "call_host_function"]
+__all__ = ["HostWorkEstimate", "HostWorkEstimates"]
 
 
 class HostWorkEstimates:
@@ -57,11 +57,3 @@ class HostWorkEstimate:
     def add(self, us: float) -> None:
         self.runs += 1
         self.us += (us - self.us) / min(self.runs, 8)
-
-
-def call_host_function(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, BaseException | None]:
-    """Run a Python host function: ``(value, None)``, or ``(None, exception)`` for whatever it raised."""
-    try:
-        return fn(*args), None
-    except BaseException as exc:  # noqa: BLE001 - delivered to the awaiter, the stream goes on
-        return None, exc

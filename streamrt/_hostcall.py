@@ -76,36 +76,35 @@ wait (or ``sem_wait(done)`` host function) is announced to the simulator with
 it, so the simulated stream is held for about as long as the function really
 takes (a GPU stream simply waits for it).
 
-Main-thread dispatch (opt-in: ``python_host_dispatch="main"``). The first
-host function also offers the call to the main thread, which runs it at its
-next bytecode boundary if it gets there before the worker: no wake-up and no
-GIL hand-over on the stream's path (:mod:`streamrt._host_dispatch`).
-
-Graph capture. A captured host node re-runs the Python function on every
-replay: :class:`~streamrt._hostslot.HostSlot`, a worker of its own per node.
+Graph capture. A captured host node must re-run the Python function on every
+replay, so it cannot use the per-stream FIFO of eager calls (a replay does not
+go through :meth:`~CompletionEngine.host_call`). :class:`HostSlot` is one
+captured Python host node: its own two semaphores, function, arguments and
+worker, owned by the Graph and alive as long as it. Slots always hold their
+stream with ``sem_wait(done)``: a captured signal wait would need a fixed value.
 """
 
 from __future__ import annotations
 
 import collections
 import ctypes
+import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ._host_dispatch import SERVED, MainDispatch
-from ._host_work import call_host_function
 from ._native import SEM_POST_ADDRESS, SEM_WAIT_ADDRESS, Semaphore, tighten_timer_slack
 from ._switch_interval import switch_interval_guard
 
 if TYPE_CHECKING:
     from ._completion import Completion, CompletionEngine
 
-__all__ = ["HostChannel", "HostRequest"]
+__all__ = ["HostChannel", "HostSlot"]
 
 _log = logging.getLogger("streamrt")
+_slot_ids = itertools.count(1)
 
 
 class HostRequest:
@@ -182,26 +181,24 @@ class HostRequest:
         return None, error
 
 
+def _call(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, BaseException | None]:
+    try:
+        return fn(*args), None
+    except BaseException as exc:  # noqa: BLE001 - delivered to the awaiter, the stream goes on
+        return None, exc
+
+
 class _Worker:
-    """Shared machinery of a channel and a slot: two semaphores, a FIFO, a thread.
+    """Shared machinery of a channel and a slot: two semaphores, a FIFO, a thread."""
 
-    ``dispatch``: offer each call to the main thread too (:mod:`streamrt._host_dispatch`).
-    """
-
-    def __init__(self, engine: CompletionEngine, thread_name: str, *, dispatch: bool = False) -> None:
+    def __init__(self, engine: CompletionEngine, thread_name: str) -> None:
         self._engine = engine
         self.ready = Semaphore(0)
         self.done = Semaphore(0)
         self._ready_address = self.ready.address  # what the enqueued host functions name
         self._done_address = self.done.address
+        engine._workers[self._ready_address] = self  # a tracer finds the worker of a sem_post by its semaphore
         self._queue: collections.deque[HostRequest] = collections.deque()
-        self._main = MainDispatch(self) if dispatch else None
-        # A call's first host function (fn, data): it wakes the worker (dispatched: the main thread too).
-        if self._main is None:
-            self._post_fn, self._post_arg = SEM_POST_ADDRESS, self._ready_address
-        else:
-            self._post_fn, self._post_arg = self._main.function, self._main.address
-        engine._workers[self._post_arg] = self  # a tracer finds the worker of a call by its first host function
         self._cond = threading.Condition(threading.Lock())
         self._in_flight = 0  # requests not finished (guarded by _cond)
         self._stopping = False
@@ -222,7 +219,7 @@ class _Worker:
 
     def _enqueue_native(self, stream: int, fn: Callable[..., Any], backend: Any) -> None:
         engine = self._engine
-        backend.launch_host_func(stream, self._post_fn, self._post_arg)
+        backend.launch_host_func(stream, SEM_POST_ADDRESS, self._ready_address)
         engine._announce_host_work(fn)
         backend.launch_host_func(stream, SEM_WAIT_ADDRESS, self._done_address)
 
@@ -307,7 +304,7 @@ class _Worker:
         the queue then belongs to failed streams and will never be reached.
         Idempotent: a slot closed by its graph and again by the engine is stopped once.
         """
-        self._engine._workers.pop(self._post_arg, None)
+        self._engine._workers.pop(self._ready_address, None)
         leftovers = []
         with self._cond:
             if self._stopping:
@@ -344,8 +341,6 @@ class _Worker:
         else:
             self.ready.destroy()
             self.done.destroy()
-        if self._main is not None:
-            self._main.close(free=not (self._broken or forced or thread_alive))
         self._stopped(reusable=not (self._broken or forced or thread_alive))
 
     def _let_stream_go(self, req: HostRequest) -> None:
@@ -360,21 +355,11 @@ class _Worker:
         tighten_timer_slack()  # it waits for the GIL after each wake-up, while the stream is held
         ready_wait = self.ready.wait
         queue = self._queue
-        main = self._main
         while True:
             ready_wait()
-            if main is None:
-                try:
-                    req: HostRequest | None = queue.popleft()
-                except IndexError:
-                    req = None
-            else:
-                req = main.take()
-                if req is SERVED:  # the main thread ran the call this wake-up was for
-                    if self._stopping and not queue:
-                        return
-                    continue
-            if req is None:
+            try:
+                req = queue.popleft()
+            except IndexError:
                 if self._stopping:
                     return
                 if not self._serve_unarmed():
@@ -389,7 +374,7 @@ class _Worker:
                 req.args = ()
                 if fn is not None:
                     estimates = self._engine._host_work
-                    call = call_host_function if req.trace is None else req.trace  # a traced call times its run
+                    call = _call if req.trace is None else req.trace  # a traced call times its run
                     if estimates is None:
                         req.value, req.exc = call(fn, args)
                     else:
@@ -428,7 +413,7 @@ class HostChannel(_Worker):
     """
 
     def __init__(self, engine: CompletionEngine, stream: int, signal: int | None = None) -> None:
-        super().__init__(engine, f"streamrt-host-{stream:#x}", dispatch=engine._main_dispatch)
+        super().__init__(engine, f"streamrt-host-{stream:#x}")
         self.stream = stream
         self.signal = signal
         self._word = None if signal is None else ctypes.c_uint64.from_address(signal)
@@ -450,7 +435,7 @@ class HostChannel(_Worker):
             backend = engine._backend
         self._push(req)
         try:
-            backend.launch_host_func(self.stream, self._post_fn, self._post_arg)
+            backend.launch_host_func(self.stream, SEM_POST_ADDRESS, self._ready_address)
         except BaseException as exc:
             with self._cond:
                 if self._queue and self._queue[-1] is req:
@@ -501,3 +486,110 @@ class HostChannel(_Worker):
         value, exc = self.settle(req, error)
         if req.completion is not None:
             req.completion._resolve(value, exc, posts)
+
+
+class HostSlot(_Worker):
+    """One captured Python host node of a graph; re-runs ``fn(*args)`` on every replay.
+
+    Lifecycle (what a Graph does with it):
+
+    1. ``slot = engine.host_slot(fn, args)`` while building the capture;
+    2. ``slot.capture(stream)`` while ``stream`` is capturing: enqueues the
+       two native host functions (``sem_post(ready)``, ``sem_wait(done)``),
+       which become host nodes of the graph;
+    3. per replay: ``req = slot.arm()`` *before* ``graph_launch`` (replays
+       of one graph exec run in launch order, so armed requests match
+       replays FIFO); the replay's Run reads ``fn``'s outcome from ``req``
+       when its tail retires, and abandons it if the stream failed first, so
+       no awaiter hangs;
+    4. ``slot.close()`` after the graph exec is destroyed and its last replay
+       completed.
+
+    ``fn`` and ``args`` are read at each run, so a replay sees the current
+    contents of the buffers it was given. A replay that nobody armed (a raw
+    ``graph_launch``) still runs ``fn``; its exception is logged.
+    The rules of :mod:`streamrt._hostcall` for ``fn`` apply.
+
+    ``foreign``: the slot was captured into a graph another library owns
+    (see :mod:`streamrt._graph_release`). Nobody arms its replays; it lives
+    until that graph is destroyed, which may be after its engine closed (the
+    engine does not stop it), and it keeps the switch interval lowered for
+    as long (every replay runs Python while the stream waits).
+    """
+
+    def __init__(self, engine: CompletionEngine, fn: Callable[..., Any], args: tuple[Any, ...], *, foreign: bool = False) -> None:
+        super().__init__(engine, f"streamrt-slot-{next(_slot_ids)}")
+        if not callable(fn):
+            raise TypeError(f"host slot function must be callable, got {type(fn).__name__}")
+        self._fn = fn
+        self._args = tuple(args)
+        self.closed = False
+        self.foreign = foreign
+        if foreign:
+            engine._python_call_started()
+
+    @property
+    def fn(self) -> Callable[..., Any]:
+        """The Python function run on every replay."""
+        return self._fn
+
+    @property
+    def args(self) -> tuple[Any, ...]:
+        """Its positional arguments (kept alive as long as the slot)."""
+        return self._args
+
+    def capture(self, stream: int, backend: Any = None) -> None:
+        """Enqueue the slot's two native host functions on ``stream`` (normally capturing), through
+        ``backend`` (the stream's; default: the engine's)."""
+        self._check_open()
+        self._start()
+        self._enqueue_native(stream, self._fn, self._engine._backend if backend is None else backend)
+
+    def arm(self) -> HostRequest:
+        """Expect one more run; returns its request, whose outcome the replay's Run reads. Call before each launch."""
+        self._check_open()
+        req = HostRequest(None, ())
+        self._push(req)
+        return req
+
+    def disarm(self, req: HostRequest) -> bool:
+        """Withdraw the armed run ``req`` (its launch failed, nothing was enqueued), so later
+        replays stay matched FIFO. ``False`` if it is not armed (already ran or withdrawn)."""
+        with self._cond:
+            armed = not req.finished and req in self._queue
+            if armed:
+                self._queue.remove(req)
+        if armed:
+            self._finish(req)
+        return armed
+
+    def close(self) -> None:
+        """Stop the worker and free the semaphores (leaked if a failed run may still name them).
+
+        Blocks until armed runs have finished. Idempotent. Call after the
+        graph exec that names this slot is destroyed.
+        """
+        if self.closed:
+            return
+        self.closed = True
+        self.wait_idle(None)
+        self.stop(forced=False, join_timeout=None)
+        self._engine._forget_slot(self)
+        if self.foreign:
+            self._engine._python_call_finished()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            from ._errors import ClosedError
+
+            raise ClosedError("this host slot was closed with its graph")
+
+    def _call_of(self, req: HostRequest) -> tuple[Callable[..., Any] | None, tuple[Any, ...]]:
+        return self._fn, self._args
+
+    def _serve_unarmed(self) -> bool:
+        try:
+            self._fn(*self._args)
+        except BaseException:  # noqa: BLE001 - nobody armed this replay to receive it
+            _log.exception("exception in captured host function %r (replay nobody armed)", self._fn)
+        return True

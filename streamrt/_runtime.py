@@ -48,7 +48,6 @@ def open_runtime(
     device_allocator: str | AllocatorFactory | Allocator = "caching",
     python_host_switch_interval: float | None = DEFAULT_SWITCH_INTERVAL,
     stream_signals: bool = False,
-    python_host_dispatch: str = "worker",
     await_poll_us: float = DEFAULT_AWAIT_POLL_US,
     trace: bool | None = None,
     **backend_options: Any,
@@ -66,10 +65,6 @@ def open_runtime(
     device-side signal wait instead of a second host function, where the
     backend supports it; read ``docs/asyncio.md`` ("How a Python host function
     holds its stream") first: it can deadlock with GIL-holding synchronizing calls.
-    ``python_host_dispatch="main"`` lets the main thread run an eager Python
-    host function at its next bytecode boundary when it gets there before the
-    function's worker thread, as a signal handler runs (``docs/asyncio.md``,
-    "Main-thread dispatch"); the default ``"worker"`` runs them on workers only.
     ``await_poll_us`` (default 50): for this long after an ``await`` of pending
     work begins, the event loop's thread polls the work's events itself
     between its other callbacks, which saves the completion thread's and the
@@ -105,7 +100,6 @@ def open_runtime(
             device_allocator=device_allocator,
             python_host_switch_interval=python_host_switch_interval,
             stream_signals=stream_signals,
-            python_host_dispatch=python_host_dispatch,
             await_poll_us=await_poll_us,
             lease=lease,
         )
@@ -142,7 +136,6 @@ class Runtime:
         device_allocator: str | AllocatorFactory | Allocator = "caching",
         python_host_switch_interval: float | None = DEFAULT_SWITCH_INTERVAL,
         stream_signals: bool = False,
-        python_host_dispatch: str = "worker",
         await_poll_us: float = DEFAULT_AWAIT_POLL_US,
         lease: BackendLease | None = None,
     ) -> None:
@@ -180,7 +173,6 @@ class Runtime:
                 events=self._event_pool,
                 python_host_switch_interval=python_host_switch_interval,
                 stream_signals=stream_signals,
-                python_host_dispatch=python_host_dispatch,
                 await_poll_us=await_poll_us,
             )
         except BaseException:  # a bad option: nothing else was started

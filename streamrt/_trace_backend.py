@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from collections.abc import Callable
 
 from ._backends.protocol import MemcpyKind
-from ._native import SEM_WAIT_ADDRESS
+from ._native import SEM_POST_ADDRESS, SEM_WAIT_ADDRESS
 from ._ranges import Ranges, for_runtime
 from ._trace_labels import current_label, range_name
 
@@ -95,13 +95,14 @@ class TracingBackend:
 
     def launch_host_func(self, stream: int, fn_ptr: int, user_data: int) -> None:
         inner = self._inner
-        worker = self._runtime._engine._workers.get(user_data)
-        if worker is not None and fn_ptr == worker._post_fn:  # a Python host function: one op from here to its hold
-            p = self._tracer.host_call_begin(self._stream(stream), worker)
-            inner.launch_host_func(stream, fn_ptr, user_data)  # raises: the op stays out of the trace
-            self._open[stream] = p
-            return
-        if fn_ptr == SEM_WAIT_ADDRESS and stream in self._open:  # its hold
+        if fn_ptr == SEM_POST_ADDRESS:  # a Python host function: one op from this call to its hold
+            worker = self._runtime._engine._workers.get(user_data)
+            if worker is not None:
+                p = self._tracer.host_call_begin(self._stream(stream), worker)
+                inner.launch_host_func(stream, fn_ptr, user_data)  # raises: the op stays out of the trace
+                self._open[stream] = p
+                return
+        elif fn_ptr == SEM_WAIT_ADDRESS and stream in self._open:  # its hold
             inner.launch_host_func(stream, fn_ptr, user_data)
             self._tracer.host_call_end(self._open.pop(stream))
             return

@@ -21,9 +21,7 @@ What it measures, side by side, interleaving variants and repeating rounds
   function while the main thread is busy in Python: a native no-op (libc
   ``sem_post``), a Python function through streamrt (worker thread, the
   stream held by ``sem_wait(done)``, and with ``stream_signals=True`` by a
-  signal wait where the backend has them), the same function offered to the
-  main thread too (``python_host_dispatch="main"``, where the C module was
-  built; the count of calls the main thread ran is printed beside it); switch
+  signal wait where the backend has them; switch
   interval lowered to the runtime's default, 10 µs, to 50 µs (the default
   before run 27), and left at 5 ms; ``--switch-us`` picks others), and a Python function run on
   the driver thread (ctypes callback). Median µs. The stream is *held* (by a
@@ -64,7 +62,6 @@ from typing import Any
 
 import streamrt as srt
 from streamrt._completion import DEFAULT_AWAIT_POLL_US
-from streamrt._host_dispatch import unavailable_reason as dispatch_unavailable
 from streamrt._native import SEM_WAIT_ADDRESS, Semaphore
 from streamrt._switch_interval import DEFAULT_SWITCH_INTERVAL
 
@@ -271,12 +268,10 @@ def _stall_variants(backend: str, rounds: int, switch_us: list[float | None]) ->
     sem_post = _libc.sem_post
     py_driver = _HOST_FN(lambda _: None)
     intervals = [(f"switch {us:g}us", us * 1e-6) if us is not None else ("switch 5ms (not lowered)", None) for us in switch_us]
-    dispatch = "main" if dispatch_unavailable() is None else "worker"
     for label, interval in intervals:
         with (
             srt.open_runtime(backend, python_host_switch_interval=interval) as rt,
             srt.open_runtime(backend, python_host_switch_interval=interval, stream_signals=True) as rt_signal,
-            srt.open_runtime(backend, python_host_switch_interval=interval, python_host_dispatch=dispatch) as rt_main,
         ):
             sys.setswitchinterval(0.005)
             s = rt.create_stream()
@@ -289,9 +284,6 @@ def _stall_variants(backend: str, rounds: int, switch_us: list[float | None]) ->
             if rt_signal._engine.stream_signals and rt_signal.backend is rt.backend:
                 s_signal = rt_signal.wrap_stream(s.handle)  # the same stream, its host calls held by a signal
                 variants["python fn on worker (streamrt, signal hold)"] = functools.partial(s_signal.launch_host_func, _nothing)
-            if dispatch == "main" and rt_main.backend is rt.backend:
-                s_main = rt_main.wrap_stream(s.handle)  # the same stream, its host calls offered to the main thread
-                variants["python fn, main-thread dispatch (streamrt)"] = functools.partial(s_main.launch_host_func, _nothing)
             if interval is None:
                 variants["python fn on driver thread"] = functools.partial(s.launch_host_func, py_driver)
             samples: dict[str, list[float]] = {}
@@ -303,12 +295,6 @@ def _stall_variants(backend: str, rounds: int, switch_us: list[float | None]) ->
                         )
             for name, xs in samples.items():
                 results[name] = _summary(xs)
-            if "python fn, main-thread dispatch (streamrt)" in variants:
-                served = rt_main._engine._channel(s.handle)._main
-                assert served is not None
-                results[f"python fn, main-thread dispatch [{label}]: calls the main thread ran"] = {
-                    "on_main": served.on_main, "dispatched": served.dispatched
-                }
     while sem.try_wait():
         pass
     sem.destroy()

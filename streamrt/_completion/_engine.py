@@ -17,10 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .._errors import ClosedError
 from .._event_pool import EventPool
 from .._host_work import HostWorkEstimates
-from .._host_dispatch import DISPATCH_MODES
-from .._host_dispatch import unavailable_reason as dispatch_unavailable_reason
-from .._hostcall import HostChannel
-from .._hostslot import HostSlot
+from .._hostcall import HostChannel, HostSlot
 from .._switch_interval import DEFAULT_SWITCH_INTERVAL, switch_interval_guard
 from .._watchdog import Watchdog
 from ._future import DEFAULT_AWAIT_POLL_US, Completion, PostBatch, _LoopNotifier, _polling
@@ -52,11 +49,6 @@ class CompletionEngine(_HostCalls):
             backend supports it; by default a second host function,
             ``sem_wait(done)``, holds it. See :mod:`streamrt._hostcall` for
             why the signal hold is opt-in (a deadlock it can cause).
-        python_host_dispatch: ``"worker"`` (default) runs each eager Python host
-            call on its stream's worker thread; ``"main"`` also offers it to
-            the main thread, which runs it between two bytecodes if it gets
-            there first (see :mod:`streamrt._host_dispatch`: the function then
-            runs like a signal handler). Not with ``stream_signals=True``.
         events: the pool its events come from (a runtime passes its own, shared with
             the stream pool and the allocators, and closes it); ``None``: a pool of
             its own, closed with the engine.
@@ -79,7 +71,6 @@ class CompletionEngine(_HostCalls):
         *,
         python_host_switch_interval: float | None = DEFAULT_SWITCH_INTERVAL,
         stream_signals: bool = False,
-        python_host_dispatch: str = "worker",
         events: EventPool | None = None,
         max_pooled_events: int = 1024,
         exit_timeout: float | None = None,
@@ -95,15 +86,6 @@ class CompletionEngine(_HostCalls):
             raise ValueError(f"watchdog_threshold must be >= 0, got {watchdog_threshold!r}")
         if isinstance(await_poll_us, bool) or not isinstance(await_poll_us, (int, float)) or not 0 <= await_poll_us <= 1e6:
             raise ValueError(f"await_poll_us must be a number of microseconds from 0 to 1e6, got {await_poll_us!r}")
-        if python_host_dispatch not in DISPATCH_MODES:
-            raise ValueError(f"python_host_dispatch must be one of {DISPATCH_MODES}, got {python_host_dispatch!r}")
-        if python_host_dispatch == "main":
-            if stream_signals:
-                raise ValueError("python_host_dispatch='main' holds the stream with a host function: it cannot be combined with stream_signals=True")
-            reason = dispatch_unavailable_reason()
-            if reason is not None:
-                raise RuntimeError(f"python_host_dispatch='main' is unavailable: {reason}")
-        self._main_dispatch = python_host_dispatch == "main"
         self._await_poll_ns = int(await_poll_us * 1000)
         self._backend = backend
         self._device = device

@@ -12,8 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._errors import CaptureError
-from .._hostcall import HostChannel, HostRequest
-from .._hostslot import HostSlot
+from .._hostcall import HostChannel, HostRequest, HostSlot
 from .._switch_interval import switch_interval_guard
 from ._future import Completion
 from ._lane import _Entry

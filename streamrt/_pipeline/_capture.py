@@ -62,7 +62,7 @@ from ._nodes import RecordNode, WaitNode
 from ._run import Run, RunChain, recorded_run
 
 if TYPE_CHECKING:
-    from .._hostslot import HostSlot
+    from .._hostcall import HostSlot
     from .._runtime import Runtime
     from .._stream import Stream
     from ._builder import Pipeline

@@ -66,7 +66,7 @@ from .._stream import Stream, holding
 from .._streampool import pool_for
 
 if TYPE_CHECKING:
-    from .._hostslot import HostSlot
+    from .._hostcall import HostSlot
     from .._runtime import Runtime
 
 __all__ = ["Graph", "capture_pipeline"]

@@ -29,8 +29,7 @@ from .._trace_labels import label
 
 if TYPE_CHECKING:
     from .._event import Event
-    from .._hostcall import HostRequest
-    from .._hostslot import HostSlot
+    from .._hostcall import HostRequest, HostSlot
     from .._stream import Stream
     from .._streampool import StreamPool
 
