@@ -2,7 +2,7 @@
 
 A script, not a test. It runs on any backend, the simulator included (no device call is timed)::
 
-    python demos/bench/host_handover.py [--backend sim] [--n 300] [--out handover.json]
+    python demos/bench/host_handover.py [--backend sim] [--n 300] [--switch-us 1,10] [--out handover.json]
 
 A native thread stands in for the driver's callback thread (compiled here with
 the C compiler; it never takes the GIL). For each sample it runs a call's first
@@ -18,10 +18,10 @@ Rows, interleaved per round, median and p99 µs over ``--n`` samples each:
 
 * ``native no-op``: libc ``sem_post`` on a spare semaphore, nothing waited for
   (the stand-in's own cost);
-* ``worker``: the runtime's default, the switch interval lowered to 10 µs while
-  the call is in flight;
-* ``worker, 5 ms switch interval``: ``python_host_switch_interval=None`` (main
-  thread busy only: each sample then takes about 5 ms);
+* ``worker, switch N us``: the switch interval lowered to N µs while the call
+  is in flight, for each N of ``--switch-us`` (default: the runtime's 10);
+* ``worker, switch 5ms (not lowered)``: ``python_host_switch_interval=None``
+  (main thread busy only: each sample then takes about 5 ms);
 
 with the main thread busy running Python until the sample ends, and asleep
 (blocked in C, the GIL released). Exits with status 77 (skipped) where no C
@@ -38,6 +38,7 @@ to run a host function at its next bytecode (docs/performance-history.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -127,39 +128,42 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", default="sim")
     ap.add_argument("--n", type=int, default=150, help="samples per row (default 150)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds the samples are split over, rows interleaved")
+    ap.add_argument("--switch-us", default="10", help="the switch intervals of the worker rows, µs (default: the runtime's 10)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     if args.n < args.rounds or args.rounds < 1:
         ap.error("--n must be >= --rounds >= 1")
+    try:
+        switch_us = [float(x) for x in args.switch_us.split(",")]
+    except ValueError:
+        ap.error(f"--switch-us: not a list of numbers: {args.switch_us!r}")
+    if not all(us > 0 for us in switch_us):
+        ap.error("--switch-us: intervals must be positive")
     if shutil.which(os.environ.get("CC", "cc")) is None:
         print("skipped: no C compiler ($CC or cc) for the driver stand-in", file=sys.stderr)
         return SKIP
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        srt.open_runtime(args.backend) as rt,
-        srt.open_runtime(args.backend, python_host_switch_interval=None) as rt_slow,
-    ):
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        rt_slow = stack.enter_context(srt.open_runtime(args.backend, python_host_switch_interval=None))
+        runtimes = {us: stack.enter_context(srt.open_runtime(args.backend, python_host_switch_interval=us * 1e-6)) for us in switch_us}
         lib, released = _build(tmp)
         if lib.start_driver() != 0:
             raise RuntimeError("could not start the driver stand-in thread")
         spare = Semaphore(0)
         # Channels of real streams; nothing is enqueued on the streams (the stand-in runs the host functions).
-        worker = rt._engine._channel(rt.create_stream().handle)
+        workers = {us: rt._engine._channel(rt.create_stream().handle) for us, rt in runtimes.items()}
         slow = rt_slow._engine._channel(rt_slow.create_stream().handle)
-        rows: dict[str, tuple[HostChannel | None, bool]] = {
-            "native no-op [main thread busy]": (None, True),
-            "worker [main thread busy]": (worker, True),
-            "worker, 5 ms switch interval [main thread busy]": (slow, True),
-            "native no-op [main thread asleep]": (None, False),
-            "worker [main thread asleep]": (worker, False),
-        }
+        rows: dict[str, tuple[HostChannel | None, bool]] = {}
+        for busy, how in ((True, "main thread busy"), (False, "main thread asleep")):
+            rows[f"native no-op [{how}]"] = (None, busy)
+            rows.update({f"worker, switch {us:g}us [{how}]": (channel, busy) for us, channel in workers.items()})
+        rows["worker, switch 5ms (not lowered) [main thread busy]"] = (slow, True)
         samples: dict[str, list[float]] = {name: [] for name in rows}
         per_round = args.n // args.rounds
         for _ in range(args.rounds):
             for name, (channel, busy) in rows.items():
                 samples[name] += [_sample(lib, released.wait_finished, channel, spare, busy) for _ in range(per_round)]
         report = {
-            "backend": rt.backend_name,
+            "backend": rt_slow.backend_name,
             "python": sys.version.split()[0],
             "cpus": os.cpu_count(),
             "handover": {name: _summary(xs) for name, xs in samples.items()},

@@ -208,18 +208,22 @@ def test_the_turns_reverse_their_order_every_cycle_and_the_last_takes_what_is_le
 
 def test_host_handover_times_a_python_host_calls_hand_over_beside_a_native_no_op(tmp_path: Path) -> None:
     out = tmp_path / "handover.json"
-    run = _run_script("host_handover", "--backend", "sim", "--n", "6", "--rounds", "2", "--out", str(out))
+    run = _run_script("host_handover", "--backend", "sim", "--n", "6", "--rounds", "2", "--switch-us", "2,10", "--out", str(out))
     if run.returncode == 77:
         pytest.skip(run.stderr.strip().splitlines()[-1])
     assert run.returncode == 0, run.stderr
     rows = json.loads(out.read_text())["handover"]
     assert set(rows) == {
         "native no-op [main thread busy]",
-        "worker [main thread busy]",
-        "worker, 5 ms switch interval [main thread busy]",
+        "worker, switch 2us [main thread busy]",
+        "worker, switch 10us [main thread busy]",
+        "worker, switch 5ms (not lowered) [main thread busy]",
         "native no-op [main thread asleep]",
-        "worker [main thread asleep]",
+        "worker, switch 2us [main thread asleep]",
+        "worker, switch 10us [main thread asleep]",
     }
     assert all(row["n"] == 6 and row["median_us"] > 0 for row in rows.values())
     bad = _run_script("host_handover", "--backend", "sim", "--n", "1", "--rounds", "2")
     assert bad.returncode == 2 and "--n must be >= --rounds" in bad.stderr
+    bad = _run_script("host_handover", "--backend", "sim", "--switch-us", "0")
+    assert bad.returncode == 2 and "must be positive" in bad.stderr
