@@ -43,12 +43,13 @@ import ctypes
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from completion_bench import _summary  # median, p99 and n, as the stall rows report them
 
 import streamrt as srt
 from streamrt._hostcall import HostChannel, HostRequest
@@ -118,21 +119,16 @@ def _sample(lib: ctypes.PyDLL, wait: Any, channel: HostChannel | None, spare: Se
     return us
 
 
-def _summary(xs: list[float]) -> dict[str, float]:
-    xs = sorted(xs)
-    return {"median_us": round(statistics.median(xs), 2), "p99_us": round(xs[min(len(xs) - 1, int(0.99 * len(xs)))], 2), "n": len(xs)}
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", default="sim")
-    ap.add_argument("--n", type=int, default=150, help="samples per row (default 150)")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds the samples are split over, rows interleaved")
+    ap.add_argument("--n", type=int, default=150, help="samples per row, a multiple of --rounds (default 150)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds the samples are split over, rows interleaved (default 3)")
     ap.add_argument("--switch-us", default="10", help="the switch intervals of the worker rows, µs (default: the runtime's 10)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
-    if args.n < args.rounds or args.rounds < 1:
-        ap.error("--n must be >= --rounds >= 1")
+    if args.rounds < 1 or args.n < args.rounds or args.n % args.rounds:
+        ap.error("--n must be a positive multiple of --rounds >= 1")
     try:
         switch_us = [float(x) for x in args.switch_us.split(",")]
     except ValueError:
