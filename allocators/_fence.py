@@ -59,6 +59,7 @@ class Fence:
             if stream.is_closed:
                 fence._need_device_sync(runtime)
                 continue
+            stream.settle()  # after what a deferred launch queued for it
             handle = stream.handle
             if check_capture and backend.stream_is_capturing(handle):
                 fence._deferred.append(stream)

@@ -17,7 +17,8 @@ Variants (same data, same initial weights, same optimizer, so the same losses):
     seed's workspace prepare pipeline (:mod:`streamrt.recipes.fmha_bwd`) runs
     every step on the step's ``cu_seqlens`` (``Config.prepare_strategy``, "fork" by default: the
     D2H -> pack -> H2D chain on a side stream; the pack a native host function where the C pack
-    was built, so it takes no GIL from the loop), and every ``verify_every`` steps the metadata it
+    was built, so it takes no GIL from the loop; ``Config.deferred_prepare``: its backend calls made
+    by the runtime's submission thread), and every ``verify_every`` steps the metadata it
     produced is fetched asynchronously and checked against the numpy oracle.
     Nothing in the loop waits for the GPU (on the simulator, where CPU torch
     computes on the host, hand-offs wait on the host instead of a stream).
@@ -217,7 +218,8 @@ def streamrt_steps(
                     if prev_step % cfg.verify_every == 0:
                         check.add(prev_step, prev_cu, st.fetch(rt, meta, current))
                 seq.copy_(batch["cu_seqlens"])
-                prev = (step, prep.launch(current, cfg.prepare_strategy, join=False), cu_host)
+                deferred = {"deferred": True} if cfg.deferred_prepare else {}
+                prev = (step, prep.launch(current, cfg.prepare_strategy, join=False, **deferred), cu_host)
             if stepper is None:
                 loss = span(rt, "fwd+bwd+step", train_step, model, opt, batch["tokens"], batch["targets"], batch["cu_seqlens"])
             elif step < cfg.warmup:

@@ -424,15 +424,28 @@ class Stream:
     def synchronize(self) -> None:
         """Block the calling thread until all work enqueued so far has completed (the GIL is released).
 
+        Work a deferred launch queued for this stream counts as enqueued (see :meth:`settle`).
         Raises ``RuntimeError`` on a runtime thread (in a Python host function or
         a done callback), where it would wait for work queued behind that thread.
         """
         refuse_blocking_wait("stream.synchronize()")
+        self.settle()
         with self._lock:
             self._check_open()
             if self._capture is not None:
                 self._refuse_in_capture("synchronize")
             self._backend.stream_synchronize(self._handle)
+
+    def settle(self) -> None:
+        """Block (GIL released) until the calls deferred launches queued for this stream were made.
+
+        Returns at once when none is pending. Needed only before enqueueing on the stream
+        through its :attr:`handle` with backend calls of one's own (an allocator's fence):
+        streamrt's own calls on the stream settle it first.
+        """
+        engine = self._runtime._engine
+        if engine._deferred_on:
+            engine.settle(self._handle)
 
     def wait_idle(self) -> Completion:
         """An awaitable :class:`Completion` that resolves when the work enqueued so far has completed.

@@ -235,7 +235,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             preps.append(native)
             columns = COLUMNS + NATIVE_COLUMNS
             native.launch(s, "fork", wait_for=None).wait()  # compiles the fork launch, where it can be
-            fork_plan = native._pipeline._plans.get((s, None, True))  # type: ignore[attr-defined]
+            fork_plan = native._pipeline._plans.get((s, None, True, False))  # type: ignore[attr-defined]
             if fork_plan is not None:  # its bound backend calls made directly, plus the tail record
                 calls["raw fork native"] = lambda: raw_steps(fork_plan.steps)
                 columns += ("raw fork native",)

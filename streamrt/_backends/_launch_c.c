@@ -29,7 +29,11 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 enum { OP_CHECK, OP_MEMSET, OP_COPY, OP_HOST, OP_RECORD, OP_WAIT, OP_GRAPH, OP_KERNEL, N_OPS };
 #define FN_QUERY N_OPS      /* the event query and wait: entry points, not program ops */
@@ -148,26 +152,34 @@ static PyObject *outcome(Py_ssize_t failed, Py_ssize_t n, int code, int capturin
     return Py_BuildValue("(ni)", failed, capturing ? 0 : code);
 }
 
+/* Validates a program buffer (a whole number of records, known ops); its record count, or -1 with an error. */
+static Py_ssize_t program_length(const Py_buffer *view) {
+    if (view->len % (WORDS * sizeof(uint64_t)) != 0) {
+        PyErr_SetString(PyExc_ValueError, "a program is a whole number of 6-word records");
+        return -1;
+    }
+    const uint64_t *words = (const uint64_t *)view->buf;
+    Py_ssize_t n = view->len / (Py_ssize_t)(WORDS * sizeof(uint64_t));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (words[i * WORDS] >= N_OPS) {
+            PyErr_Format(PyExc_ValueError, "record %zd: unknown op %llu", i, (unsigned long long)words[i * WORDS]);
+            return -1;
+        }
+    }
+    return n;
+}
+
 static PyObject *Executor_run(Executor *ex, PyObject *arg) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) != 0) return NULL;
-    if (view.len % (WORDS * sizeof(uint64_t)) != 0) {
+    Py_ssize_t n = program_length(&view);
+    if (n < 0) {
         PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "a program is a whole number of 6-word records");
         return NULL;
-    }
-    const uint64_t *words = (const uint64_t *)view.buf;
-    Py_ssize_t n = view.len / (Py_ssize_t)(WORDS * sizeof(uint64_t));
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (words[i * WORDS] >= N_OPS) {
-            PyBuffer_Release(&view);
-            PyErr_Format(PyExc_ValueError, "record %zd: unknown op %llu", i, (unsigned long long)words[i * WORDS]);
-            return NULL;
-        }
     }
     Py_ssize_t failed;
     int capturing, python_error;
-    int code = execute(ex, words, n, &failed, &capturing, &python_error);
+    int code = execute(ex, (const uint64_t *)view.buf, n, &failed, &capturing, &python_error);
     PyBuffer_Release(&view);
     return outcome(failed, n, code, capturing, python_error);
 }
@@ -352,14 +364,17 @@ static PyTypeObject ExecutorType = {
     .tp_doc = "Driver entry points called in one go; see the module's comment.",
 };
 
+#include "_submit_c.h" /* the Submitter: it runs programs through an Executor */
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, .m_name = "_launch_c", .m_doc = "A launch's driver calls in one call from Python.", .m_size = -1};
 
 PyMODINIT_FUNC PyInit__launch_c(void) {
-    if (PyType_Ready(&ExecutorType) < 0) return NULL;
+    if (PyType_Ready(&ExecutorType) < 0 || PyType_Ready(&SubmitterType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    if (PyModule_AddObjectRef(m, "Executor", (PyObject *)&ExecutorType) < 0) {
+    if (PyModule_AddObjectRef(m, "Executor", (PyObject *)&ExecutorType) < 0 ||
+        PyModule_AddObjectRef(m, "Submitter", (PyObject *)&SubmitterType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

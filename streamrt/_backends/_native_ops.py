@@ -18,6 +18,8 @@ launch:
   same result;
 * :meth:`NativeOps.copy_record` checks that a stream is not capturing, enqueues a copy
   on it and records an event after it, with the same result;
+* :meth:`NativeOps.new_submitter` makes a ``Submitter``: a thread of its own that
+  runs programs in submission order without the GIL (:mod:`streamrt._submitter`);
 * :meth:`NativeOps.record` records an event, :meth:`NativeOps.query` asks whether one
   has completed and :meth:`NativeOps.synchronize` waits for one (they raise like
   ``backend.event_record``, ``backend.event_query`` and ``backend.event_synchronize``, and
@@ -112,6 +114,11 @@ class Program:
         rest._words = self._words[start * _c.WORDS :]
         return rest
 
+    def extend(self, other: Program) -> Program:
+        """Append ``other``'s calls (copied) after this program's."""
+        self._words.extend(other._words)
+        return self
+
     def __len__(self) -> int:
         return len(self._words) // _c.WORDS
 
@@ -202,6 +209,14 @@ class NativeOps:
         """
         failed = self._copy_record(dst, src, nbytes, kind, stream, event)
         return None if failed is None else self._failure((_c.OP_CHECK, _c.OP_COPY, _c.OP_RECORD)[failed[0]], *failed)
+
+    def new_submitter(self) -> Any:
+        """A new C ``Submitter`` over this executor (``streamrt._submitter.NativeSubmitter`` runs its thread)."""
+        return _c.Submitter(self._executor)
+
+    def failure_in(self, program: Program, index: int, code: int) -> tuple[int, BaseException | None]:
+        """``(index, error)`` for call ``index`` of ``program`` that failed with ``code`` (0: its stream was capturing)."""
+        return self._failure(program._words[index * _c.WORDS], index, code)
 
     def _failure(self, op: int, index: int, code: int) -> tuple[int, BaseException | None]:
         if code == 0:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ClosedError
 from .._event_pool import EventPool
 from .._host_work import HostWorkEstimates
 from .._hostcall import HostChannel, HostSlot
+from .._submitter import Submitter, make_submitter
 from .._switch_interval import DEFAULT_SWITCH_INTERVAL, switch_interval_guard
 from .._watchdog import Watchdog
 from ._future import DEFAULT_AWAIT_POLL_US, Completion, PostBatch, _LoopNotifier, _polling
@@ -117,6 +118,8 @@ class CompletionEngine(_HostCalls):
         self._watchdog_interval = watchdog_interval
         self._watchdog_threshold = watchdog_threshold
         self._watchdog: Watchdog | None = None  # started with the first lane
+        self._submitter: Submitter | None = None  # started by the first deferred launch
+        self._deferred_on: dict[int, int] = {}  # stream handle -> the last ticket that enqueues on it
         self._closing = False
         self._closed = False
         _live_engines.add(self)
@@ -213,6 +216,8 @@ class CompletionEngine(_HostCalls):
         lane = self._lanes.get(stream)  # (lane()'s fast path, inline: every fetch and logged value)
         if lane is None:
             lane = self._lane(stream)
+        if self._deferred_on:
+            self.settle(stream)  # its record must follow the deferred work's (see _Lane, "Order")
         with lane.lock:
             lane._depth += 1  # a record-and-push section (see _Lane, "Order")
             try:
@@ -257,6 +262,8 @@ class CompletionEngine(_HostCalls):
         is then watched).
         """
         lane = self._lane(stream)
+        if self._deferred_on:
+            self.settle(stream)  # its record must follow the deferred work's (see _Lane, "Order")
         with lane.lock:
             lane._depth += 1  # a record-and-push section (see _Lane, "Order")
             try:
@@ -274,6 +281,35 @@ class CompletionEngine(_HostCalls):
             finally:
                 lane._depth -= 1
         return completion
+
+    # -- deferred submissions ----------------------------------------------------------
+    def submitter(self) -> Submitter:
+        """The runtime's submission thread (see :mod:`streamrt._submitter`), started on first use."""
+        submitter = self._submitter
+        if submitter is None:
+            with self._lock:
+                self._check_open()
+                submitter = self._submitter
+                if submitter is None:
+                    submitter = self._submitter = make_submitter(self._backend, self._device)
+        return submitter
+
+    def submitted(self) -> int:
+        """The last ticket the submitter has run (a gate at or below it is open); never blocks."""
+        submitter = self._submitter
+        return submitter.done() if submitter is not None else 0
+
+    def defer_on(self, streams: Iterable[int], ticket: int) -> None:
+        """Ticket ``ticket`` enqueues on ``streams``: :meth:`settle` runs it before another record there."""
+        deferred = self._deferred_on
+        for handle in streams:
+            deferred[handle] = ticket
+
+    def settle(self, stream: int) -> None:
+        """Block until the submissions that enqueue on ``stream`` were made (at once if none is pending)."""
+        ticket = self._deferred_on.get(stream)
+        if ticket is not None and self._submitter is not None and self._submitter.done() < ticket:
+            self._submitter.wait(ticket)
 
     # -- event pool ----------------------------------------------------------------
     def _acquire_event(self) -> int:
@@ -382,6 +418,8 @@ class CompletionEngine(_HostCalls):
         forced = False
         try:
             self._wait_for_enqueues(None if timeout is None else time.monotonic() + timeout)
+            if self._submitter is not None:
+                self._submitter.close()  # the calls submitted so far are made first
             self.drain(timeout)
         except TimeoutError:
             forced = True

@@ -38,13 +38,15 @@ class _Entry:
     Lane items. A lane holds objects with ``event`` (the watched event),
     ``pooled`` (the lane gives the event back to the engine's pool when it
     retires), ``unordered`` (see below), ``keepalive``, and
-    ``_retire(error, posts)``: called once, on the retiring thread, when the
-    event completed (``error``: waiting for it failed, or the lane failed or
+    ``gate`` (0, or the ticket of the deferred submission that records the
+    event: it is not queried before the submitter ran it, see
+    :mod:`streamrt._submitter`) and ``_retire(error, posts)``: called once,
+    on the retiring thread, when the event completed (``error``: waiting for it failed, or the lane failed or
     was given up). ``_Entry`` is the general item; a pipeline's
     :class:`~streamrt._pipeline._run.Run` is its own tail's item.
     """
 
-    __slots__ = ("callback", "channel", "completion", "event", "keepalive", "pooled", "request", "unordered")
+    __slots__ = ("callback", "channel", "completion", "event", "gate", "keepalive", "pooled", "request", "unordered")
 
     def __init__(
         self,
@@ -68,6 +70,7 @@ class _Entry:
         # another stream, while watched), or one pushed by a nested push (see _Lane, "Order").
         # Its state then says nothing about the entries before it: it is queried itself.
         self.unordered = unordered
+        self.gate = 0  # a submission ticket: the event is recorded once the submitter has run it (see "Order")
 
     def _retire(self, error: BaseException | None, posts: PostBatch | None) -> None:
         self.keepalive = None  # dropped here, on the retiring thread, after the event
@@ -137,6 +140,10 @@ class _Lane:
     finalizer that releases a buffer) comes between a record and its push:
     each record-and-push section counts itself in :attr:`_depth` (under the
     lock), and one that finds another open marks its entry ``unordered``.
+    A deferred launch pushes entries whose events the submission thread
+    records later, in push order (``gate``: their ticket); they are neither
+    waited for nor queried before the submitter has run that ticket, and the
+    engine runs a stream's pending submissions before recording on it itself.
     The thread starts with the first push.
     """
 
@@ -467,6 +474,8 @@ class _Lane:
             if error is None:
                 self._kick_watchdog()  # from here, not from every push: off the launching thread's path
                 try:
+                    if head.gate:
+                        engine.submitter().wait(head.gate)  # its event is recorded by then (GIL released)
                     synchronize(head.event)
                 except BaseException as exc:  # noqa: BLE001 - a sticky error resolves the waiter
                     error = exc
@@ -505,9 +514,10 @@ class _Lane:
         A query that raises stops the batch (the next blocking wait reports
         the error).
         """
+        done = self._engine.submitted()  # gated entries past it are not recorded yet: not done
         if polled:
             try:
-                if not query(queue[0].event):
+                if queue[0].gate > done or not query(queue[0].event):
                     return
             except BaseException:  # noqa: BLE001 - the blocking wait reports it next
                 return
@@ -519,15 +529,15 @@ class _Lane:
         newest = queue[n - 1]
         if not newest.unordered:
             try:
-                newest_done = query(newest.event)
+                newest_done = newest.gate <= done and query(newest.event)
             except BaseException:  # noqa: BLE001 - the blocking wait reports it next
                 return
             if newest_done:
                 for _ in range(n):
                     entry = queue[0]
-                    if entry.unordered and entry is not newest:
+                    if (entry.unordered or entry.gate) and entry is not newest:
                         try:
-                            if not query(entry.event):
+                            if entry.gate > done or not query(entry.event):
                                 return
                         except BaseException:  # noqa: BLE001 - the blocking wait reports it next
                             return
@@ -538,7 +548,7 @@ class _Lane:
         for _ in range(n):
             nxt = queue[0]
             try:
-                if not query(nxt.event):
+                if nxt.gate > done or not query(nxt.event):
                     return
             except BaseException:  # noqa: BLE001 - the blocking wait reports it next
                 return

@@ -119,7 +119,7 @@ class Pipeline:
         self._version = 0
         self._cache: dict[str, Any] = {}
         self._chain = RunChain()  # orders this pipeline's runs and its graphs' replays
-        self._plans: dict[Any, Any] = {}  # compiled for this version: LaunchPlan by stream, ForkLaunchPlan by (stream, wait_for, join)
+        self._plans: dict[Any, Any] = {}  # compiled for this version: LaunchPlan by stream, ForkLaunchPlan by (stream, wait_for, join, deferred)
         self._lock = self._chain.lock
 
     # -- introspection ----------------------------------------------------------------------
@@ -328,11 +328,14 @@ class Pipeline:
         policy: str = "stream",
         wait_for: str | Event | None = "stream",
         join: bool = True,
+        deferred: bool = False,
     ) -> Run:
         """Enqueue the pipeline on ``stream`` and return its :class:`Run`. Non-blocking.
 
-        ``policy``: ``"stream"`` or ``"fork"``. ``wait_for`` and ``join``
-        apply to ``"fork"`` (see :mod:`streamrt._pipeline._launch`).
+        ``policy``: ``"stream"`` or ``"fork"``. ``wait_for``, ``join`` and
+        ``deferred`` (with ``join=False``: the backend calls are made by the
+        runtime's submission thread) apply to ``"fork"`` (see
+        :mod:`streamrt._pipeline._launch`).
         Everything is validated before anything is enqueued. If the backend
         fails midway, the error is raised; what was enqueued still completes
         and stays alive.
@@ -341,10 +344,10 @@ class Pipeline:
         the Run returned is done at once with a ``CaptureError`` (nothing ran;
         see docs/pipelines.md, "Capture").
         """
-        compiled = self._plans.get(stream if policy == "stream" else (stream, wait_for, join) if policy == "fork" else None)
+        compiled = self._plans.get(stream if policy == "stream" else (stream, wait_for, join, deferred) if policy == "fork" else None)
         if compiled is not None and compiled.backend is stream._backend is stream._runtime._base_backend:
             return compiled.launch()
-        return launch_pipeline(self, stream, policy, wait_for, join)
+        return launch_pipeline(self, stream, policy, wait_for, join, deferred)
 
     def capture(self, stream: Stream, *, policy: str = "stream", mode: CaptureMode = CaptureMode.THREAD_LOCAL) -> Graph:
         """Record the pipeline into a graph on ``stream`` (HIP/CUDA graph; the simulator's own).

@@ -16,6 +16,14 @@ What a launch re-checks and how it fails are those of
 :class:`~streamrt._pipeline._plan.LaunchPlan`; the Run's streams are the
 caller's and the side streams, its tails the caller's (``join=True``) or
 every stream's (``join=False``), as the general fork launch makes them.
+
+A *deferred* plan (``deferred=True``, ``join=False``) puts every branch on a
+side stream and hands each launch's calls -- the capture check, waits for
+the previous run, the entry record and waits, the branches, a tail record per
+side stream -- to the runtime's submission thread (:mod:`streamrt._submitter`)
+as one program; the launch returns once it is queued. The Run's tails are
+gated by the submission's ticket, and a call that fails on that thread is the
+Run's error (the calls before it run; the tail records are still made).
 """
 
 from __future__ import annotations
@@ -24,16 +32,18 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from .._backends._native_ops import Program
+from .._errors import CaptureError
 from .._streampool import StreamPool, pool_for
 from ._capture import launch_into_capture
 from ._deps import ForkPlan
 from ._nodes import EnqueueContext, HostNode, Node, PlanStep, RecordNode, WaitNode
 from ._plan import recheck
-from ._run import Run, serialize_after
+from ._run import Deferred, Run, serialize_after
 
 if TYPE_CHECKING:
     from .._buffer import Buffer
     from .._event import Event
+    from .._runtime import Runtime
     from .._stream import Stream
     from ._builder import Pipeline
 
@@ -49,7 +59,9 @@ def plannable(nodes: list[Node], fork: ForkPlan, wait_for: object) -> bool:
     )
 
 
-def _give_back(pool: StreamPool, sides: list[Stream], priority: int, events: list[Event]) -> None:
+def _give_back(rt: Runtime, pool: StreamPool, sides: list[Stream], priority: int, events: list[Event]) -> None:
+    for side in sides:  # a deferred plan's last calls are made before another user gets its streams
+        rt._engine.settle(side._handle)
     pool.release_streams(sides, priority)
     for ev in events:
         pool.release_event(ev)
@@ -59,23 +71,24 @@ class ForkLaunchPlan:
     """``pipeline`` compiled for ``"fork"`` launches from ``stream``. See the module docstring."""
 
     __slots__ = (
-        "__weakref__", "backend", "body", "check", "events", "keep", "names", "pipeline", "program", "records", "roots",
-        "run_program", "sides", "steps", "stream", "streams", "tails", "users", "wait_for",
+        "__weakref__", "backend", "body", "check", "deferred", "events", "keep", "names", "pipeline", "program", "records",
+        "roots", "run_program", "sides", "steps", "stream", "streams", "tails", "users", "wait_for",
     )
 
     def __init__(
         self, pipeline: Pipeline, stream: Stream, nodes: list[Node], keep: tuple[Any, ...], fork: ForkPlan,
-        wait_for: str | None, join: bool,
+        wait_for: str | None, join: bool, deferred: bool = False,
     ) -> None:
         self.pipeline = pipeline
         self.stream = stream
         self.wait_for = wait_for
+        self.deferred = deferred
         backend = self.backend = stream._backend
         pool = pool_for(stream._runtime)
-        self.sides = pool.acquire_streams(fork.slots - 1, stream.priority)
+        self.sides = pool.acquire_streams(fork.slots - (0 if deferred else 1), stream.priority)
         owned: list[Event] = []
-        weakref.finalize(self, _give_back, pool, self.sides, stream.priority, owned)
-        streams = self.streams = (stream, *self.sides)
+        weakref.finalize(self, _give_back, stream._runtime, pool, self.sides, stream.priority, owned)
+        streams = self.streams = (*self.sides,) if deferred else (stream, *self.sides)
         steps: list[PlanStep] = []
         names: list[str] = []  # per step: the node it belongs to ("" for the entry and the join)
         extra: list[Any] = []
@@ -127,7 +140,7 @@ class ForkLaunchPlan:
         self.users = tuple(tuple(users) for _, users in used.values())  # per root: the streams using it
         self.events: tuple[Event, ...] = tuple(n.event for n in nodes if isinstance(n, (RecordNode, WaitNode)))
         self.records = tuple(records)
-        self.tails = (stream,) if join else streams
+        self.tails = (stream,) if join and not deferred else streams
         ops = getattr(backend, "native_ops", None)
         self.program = ops.compile(stream._handle, self.steps) if ops is not None else None
         self.run_program = ops.run if ops is not None and self.program is not None else None
@@ -156,6 +169,8 @@ class ForkLaunchPlan:
 
     def _launch_locked(self) -> Run:
         """:meth:`launch` with the caller's, the pipeline's and the side streams' locks held."""
+        if self.deferred:
+            return self._launch_deferred()
         stream = self.stream
         pipeline = self.pipeline
         rt = stream._runtime
@@ -197,6 +212,56 @@ class ForkLaunchPlan:
             except BaseException as exc:
                 self._fail_partial(self.names[i], exc)
                 raise
+        self._note_streams()
+        run = Run(pipeline._name, "fork", self.streams, (), self.keep, rt._engine, self.tails)
+        chain.last = run
+        return run
+
+    def _launch_deferred(self) -> Run:
+        """A deferred launch: its calls queued on the submission thread as one program (module docstring)."""
+        stream = self.stream
+        pipeline = self.pipeline
+        recheck(pipeline, self.roots, self.events)
+        if stream._capture is not None:  # streamrt's own capture: recorded now, on this thread
+            return launch_into_capture(pipeline, stream, *pipeline._validated())
+        engine = stream._runtime._engine
+        submitter = engine.submitter()
+        chain = pipeline._chain
+        prev = chain.last
+        waits: list[tuple[int, int]] = []  # (side stream, event): the previous run's tails, waited for there
+        if prev is not None and not prev._done:
+            with prev._lock:
+                waits = [(side._handle, ev) for side in self.sides for src, ev in prev._tails if src is not side]
+        pool = engine._pool
+        events = [pool.pop() if pool else engine._events.take() for _ in self.sides]
+        work = self._deferred_work(waits, events)
+        ticket = submitter.submit(work, len(work) - len(events))
+        engine.defer_on([side._handle for side in self.sides], ticket)
+        self._note_streams()
+        deferred = Deferred(submitter, ticket, work, tuple(zip(self.sides, events)), self.names, 1 + len(waits))
+        run = Run(pipeline._name, "fork", (stream, *self.sides), (), self.keep, engine, self.sides, deferred=deferred)
+        chain.last = run
+        return run
+
+    def _deferred_work(self, waits: list[tuple[int, int]], events: list[int]) -> Any:
+        """One launch's calls: the capture check, ``waits``, the compiled steps, a tail record per side stream."""
+        if self.program is not None:
+            program = Program().check_not_capturing(self.stream._handle)
+            for handle, ev in waits:
+                program.wait(handle, ev)
+            program.extend(self.body)  # type: ignore[arg-type]
+            for side, ev in zip(self.sides, events):
+                program.record(ev, side._handle)
+            return program
+        backend = self.backend
+        return [
+            (_check_not_capturing, (backend, self.stream._handle)),
+            *((backend.stream_wait_event, w) for w in waits),
+            *self.steps,
+            *((backend.event_record, (ev, side._handle)) for side, ev in zip(self.sides, events)),
+        ]
+
+    def _note_streams(self) -> None:
         for ev, on in self.records:
             ev._recorded_on = on
         for b, users in zip(self.roots, self.users):  # each root buffer's streams noted once (see Buffer.note_stream)
@@ -205,11 +270,14 @@ class ForkLaunchPlan:
                 b._streams = set(users)
             else:
                 noted.update(users)
-        run = Run(pipeline._name, "fork", self.streams, (), self.keep, rt._engine, self.tails)
-        chain.last = run
-        return run
 
     def _fail_partial(self, node: str, exc: BaseException) -> None:
         """What was enqueued before the failing call runs, on every stream (see ``Pipeline._fail_partial``)."""
         for s in self.streams:
             self.pipeline._fail_partial(s, self.keep, EnqueueContext(capturing=False, current=node), exc if s is self.stream else None)
+
+
+def _check_not_capturing(backend: Any, stream: int) -> None:
+    """The Python twin of a program's capture check (a deferred launch on a backend with no native ops)."""
+    if backend.stream_is_capturing(stream):
+        raise CaptureError("the stream is capturing")

@@ -10,7 +10,12 @@ Launch policies:
   for nothing (``wait_for=None``: the inputs are known ready). With
   ``join=True`` (default) the caller's stream then waits for all branches;
   with ``join=False`` call :meth:`Run.join` before the consumer instead, so the
-  caller's stream runs on meanwhile.
+  caller's stream runs on meanwhile. ``deferred=True`` (with ``join=False``)
+  also puts the first branch on a side stream and has the runtime's
+  submission thread make the launch's backend calls: the launch costs the
+  caller's thread only its bookkeeping (``ForkLaunchPlan``, "deferred"). Where
+  the launch cannot be compiled (a Python host node, one chain, an Event to
+  wait for, a trace open, several devices), it is made on the caller's thread.
 
 :func:`launch_pipeline` is :meth:`Pipeline.launch` when the pipeline has no
 compiled plan for the stream yet, or the launch cannot use one (the
@@ -54,12 +59,14 @@ __all__ = ["POLICIES", "launch_pipeline"]
 POLICIES = ("stream", "fork")
 
 
-def launch_pipeline(p: Pipeline, stream: Stream, policy: str, wait_for: str | Event | None, join: bool) -> Run:
+def launch_pipeline(p: Pipeline, stream: Stream, policy: str, wait_for: str | Event | None, join: bool, deferred: bool = False) -> Run:
     """:meth:`Pipeline.launch` past the plan fast path (see the module docstring)."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}: use 'stream' or 'fork' (or capture() for a graph)")
     if not (wait_for is None or wait_for == "stream" or isinstance(wait_for, Event)):
         raise TypeError("wait_for must be 'stream', an Event or None")
+    if deferred and (policy != "fork" or join):
+        raise ValueError("deferred=True needs policy='fork' and join=False (nothing then waits on the caller's thread)")
     stream = p._check_stream(stream)
     if isinstance(wait_for, Event) and wait_for._runtime is not stream._runtime and wait_for._runtime._base_backend is not stream._runtime._base_backend:
         raise ValueError("wait_for event belongs to another runtime with a different backend instance")
@@ -84,13 +91,13 @@ def launch_pipeline(p: Pipeline, stream: Stream, policy: str, wait_for: str | Ev
                 return _keep_plan(p, stream, LaunchPlan(p, stream, p._nodes, order, keep)).launch()
             return launch_single(p, stream, order, keep, policy)
         if untraced and plannable(p._nodes, plan, wait_for):
-            fork = ForkLaunchPlan(p, stream, p._nodes, keep, plan, wait_for, join)  # type: ignore[arg-type]
-            return _keep_plan(p, (stream, wait_for, join), fork).launch()
+            fork = ForkLaunchPlan(p, stream, p._nodes, keep, plan, wait_for, join, deferred)  # type: ignore[arg-type]
+            return _keep_plan(p, (stream, wait_for, join, deferred), fork).launch()
         return launch_fork(p, stream, order, plan, keep, wait_for, join)
 
 
 def _keep_plan(p: Pipeline, key: Any, plan: Any) -> Any:
-    """Keep ``plan`` for this version under ``key`` (the stream, or ``(stream, wait_for, join)`` for "fork");
+    """Keep ``plan`` for this version under ``key`` (the stream, or ``(stream, wait_for, join, deferred)`` for "fork");
     closed streams' plans are dropped."""
     plans = {k: q for k, q in p._plans.items() if not q.stream._closed} if len(p._plans) >= 8 else p._plans
     plans[key] = plan

@@ -30,17 +30,19 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from .._completion import Completion
 from .._allocator import release_after_device
+from .._completion import Completion
 from .._completion._future import PostBatch
+from .._errors import CaptureError
 from .._stream import Stream
 
 if TYPE_CHECKING:
+    from .._submitter import Submitter
     from .._completion import CompletionEngine
     from .._completion._lane import _Lane
     from .._hostcall import HostRequest
 
-__all__ = ["Run", "RunChain", "recorded_run", "serialize_after"]
+__all__ = ["Deferred", "Run", "RunChain", "recorded_run", "serialize_after"]
 
 HostNodes = tuple[tuple[str, "HostRequest"], ...]
 
@@ -70,8 +72,10 @@ class Run(Completion):
         "_policy",
         "_remaining",
         "_streams",
+        "_submission",
         "_tails",
         "event",
+        "gate",
         "keepalive",
         "pooled",
         "unordered",
@@ -90,6 +94,7 @@ class Run(Completion):
         after: Callable[[Run], None] | None = None,
         error: BaseException | None = None,
         recorded: int = 0,
+        deferred: Deferred | None = None,
     ) -> None:
         """Record the tail events on ``tails`` (their enqueue locks held) and watch them.
 
@@ -101,6 +106,8 @@ class Run(Completion):
         ``error``: the Run's error from the start (with no tails: a Run that is done at once).
         ``recorded``: the one tail's event (from the engine's pool), already recorded by the
         caller inside its own record-and-push section on the tail stream's lane.
+        ``deferred``: a deferred launch's submission; its tails' events (from the engine's pool)
+        are recorded by the submission thread, and a call that failed there is the Run's error.
         """
         # Completion's state, set here directly: a launch pays for one call of its future.
         self._done = False
@@ -127,8 +134,13 @@ class Run(Completion):
         self._node_errors: dict[str, BaseException] = {}
         self._host_values: dict[str, Any] = {}
         self._after = after  # called just before it resolves, on the resolving thread (a graph's replay count)
+        self.gate = 0
+        self._submission = deferred
         for _, req in host:
             req.owner = self
+        if deferred is not None:
+            self._watch_deferred(deferred)
+            return
         record = engine._record
         pool = engine._pool
         if type(tails) is tuple and len(tails) == 1:
@@ -202,6 +214,42 @@ class Run(Completion):
         if last:  # every tail retired already
             self._finish(None)
 
+    def _watch_deferred(self, deferred: Deferred) -> None:
+        """Push the tails of a deferred launch, gated by its ticket (see ``_Lane``, "Order")."""
+        ticket = deferred.ticket
+        self.gate = ticket
+        self._tails = list(deferred.tails)
+        self._remaining = len(self._tails)
+        items: list[Any] = []
+        for stream, event in self._tails:
+            item: Any = self if not items else _Tail(self, event)
+            if item is self:
+                self.event = event
+            item.gate = ticket
+            items.append((stream._lane, item))
+        self._lanes = tuple(lane for lane, _ in items)
+        for lane, item in items:
+            lane.push(item)
+
+    def _submission_error(self) -> BaseException | None:
+        """The error of the call that failed on the submission thread, if one did (asked once)."""
+        deferred, self._submission = self._submission, None
+        if deferred is None:
+            return None
+        failed = deferred.submitter.failure(deferred.ticket, deferred.work)
+        if failed is None:
+            return None
+        index, error = failed
+        node = deferred.node_of(index)
+        where = f"node {node!r} of " if node else ""
+        if error is None or isinstance(error, CaptureError):  # a capture check: native (None) or the Python twin's
+            return CaptureError(
+                f"{where}pipeline {self._name!r}: its stream was capturing when the submission thread made the "
+                "deferred launch's calls; nothing of it was enqueued"
+            )
+        error.add_note(f"made by the submission thread for {where}pipeline {self._name!r} (a deferred launch)")
+        return error
+
     # -- public ---------------------------------------------------------------------
     @property
     def name(self) -> str:
@@ -264,6 +312,8 @@ class Run(Completion):
 
     def _finish(self, posts: PostBatch | None) -> None:
         self.keepalive = None  # dropped on the retiring thread, before anyone sees the run done
+        if self._submission is not None and self._error is None:
+            self._error = self._submission_error()
         error = self._error
         for name, req in self._host:
             worker = req.worker
@@ -300,13 +350,34 @@ def recorded_run(name: str, engine: CompletionEngine, error: BaseException) -> R
     return run
 
 
+class Deferred:
+    """A deferred launch's submission: what a :class:`Run` needs to watch it and to name a failed call."""
+
+    __slots__ = ("names", "skip", "submitter", "tails", "ticket", "work")
+
+    def __init__(
+        self, submitter: Submitter, ticket: int, work: Any, tails: tuple[tuple[Stream, int], ...], names: tuple[str, ...], skip: int
+    ) -> None:
+        self.submitter = submitter
+        self.ticket = ticket
+        self.work = work
+        self.tails = tails  # (stream, event): recorded by the submission thread, last
+        self.names = names  # per compiled step: its node ("" for ordering calls)
+        self.skip = skip  # calls before the compiled steps (the capture check, waits for the previous run)
+
+    def node_of(self, index: int) -> str:
+        step = index - self.skip
+        return self.names[step] if 0 <= step < len(self.names) else ""
+
+
 class _Tail:
     """An extra tail of a Run (one per stream of a fork launch with ``join=False``): a lane item."""
 
-    __slots__ = ("event", "keepalive", "pooled", "run", "unordered")
+    __slots__ = ("event", "gate", "keepalive", "pooled", "run", "unordered")
 
     def __init__(self, run: Run, event: int) -> None:
         self.run = run
+        self.gate = 0
         self.event = event
         self.keepalive = None
         self.pooled = False
@@ -317,9 +388,14 @@ class _Tail:
 
 
 def serialize_after(run: Run, targets: Iterable[Stream]) -> None:
-    """Make every stream in ``targets`` wait for ``run``'s tail events (a no-op once it is done)."""
+    """Make every stream in ``targets`` wait for ``run``'s tail events (a no-op once it is done).
+
+    Blocks, GIL released, while ``run`` is a deferred launch whose calls the submission thread has not
+    made yet (its tail events are recorded then)."""
     if run._done:
         return
+    if run.gate and run._engine.submitted() < run.gate:
+        run._engine.submitter().wait(run.gate)
     with run._lock:
         for target in targets:
             for src, ev in run._tails:

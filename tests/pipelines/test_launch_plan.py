@@ -209,7 +209,7 @@ def test_a_fork_launch_is_compiled_once_and_keeps_its_side_streams(rt: srt.Runti
         run.result(10)
         runs.append(run)
         assert (ha.numpy() == 1).all() and (hb.numpy() == 2).all()
-    plan = p._plans[(s, wait_for, join)]
+    plan = p._plans[(s, wait_for, join, False)]
     assert isinstance(plan, ForkLaunchPlan)
     assert all(r.streams == plan.streams for r in runs) and len(plan.streams) == 2 and plan.streams[0] is s
     assert (plan.program is not None) == (rt.backend.native_ops is not None)
@@ -247,7 +247,7 @@ def test_a_dropped_fork_plan_gives_its_side_streams_back_to_the_pool(rt: srt.Run
     s = rt.create_stream()
     p, ha, _ = _two_branches(rt, s)
     p.launch(s, policy="fork").result(10)
-    side = p._plans[(s, "stream", True)].sides[0]
+    side = p._plans[(s, "stream", True, False)].sides[0]
     p.memset(ha, 0, name="changed")  # a new version: the plan is dropped
     assert not p._plans
     gc.collect()

@@ -19,7 +19,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
     1: ("_errors", "_native", "_backends", "_extensions", "_version", "_kernel_decl"),
     2: (
         "_buffer", "_allocator", "_event", "_event_pool", "_completion", "_hostcall", "_switch_interval", "_host_work",
-        "_releaser", "_watchdog", "_graph_release",
+        "_releaser", "_watchdog", "_graph_release", "_submitter",
     ),
     3: (
         "_stream", "_runtime", "_interop", "_peer", "_trace", "_trace_backend", "_tracer", "_ranges", "_trace_labels",

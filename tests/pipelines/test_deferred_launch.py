@@ -1,0 +1,172 @@
+"""Deferred launches: a fork launch whose backend calls the runtime's submission thread makes.
+
+The contract runs on every backend: the native submitter on the GPU backends, its Python
+twin on the simulator. Tests that stall the submission thread put a blocking step in front
+of the launch, which only the Python twin can run (skipped on the GPU backends).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from pipeline_helpers import Gate, pinned
+
+import streamrt as srt
+from streamrt._errors import BackendError
+from streamrt._submitter import PySubmitter
+
+N = 64
+
+
+def _branches(rt: srt.Runtime, s: srt.Stream) -> tuple[srt.Pipeline, srt.Buffer, srt.Buffer, srt.Buffer]:
+    """memset(a) -> D2H(a -> ha) ∥ D2H(src -> hb): two branches, so "fork" compiles a plan."""
+    a, src = (rt.device_allocator.allocate(N, stream=s) for _ in range(2))
+    ha, hb = pinned(rt, N), pinned(rt, N)
+    p = srt.Pipeline("deferred")
+    p.copy(dst=ha, src=a, after=[p.memset(a, 1)], name="d2h_a")
+    p.copy(dst=hb, src=src, name="d2h_src")
+    return p, src, ha, hb
+
+
+def _stalled(rt: srt.Runtime) -> threading.Event:
+    """Hold the submission thread (the Python twin) until the returned event is set."""
+    submitter = rt._engine.submitter()
+    if not isinstance(submitter, PySubmitter):
+        pytest.skip("only the Python twin of the submitter runs a blocking step")
+    go = threading.Event()
+    submitter.submit([(go.wait, (10,))], 1)
+    return go
+
+
+def test_deferred_launches_compute_what_eager_ones_do_and_leave_the_callers_stream_free(rt: srt.Runtime) -> None:
+    s = rt.create_stream()
+    p, src, ha, hb = _branches(rt, s)
+    staged = pinned(rt, N)
+    for i in range(10):  # changing inputs: each launch reads what the caller's stream wrote before it
+        staged.numpy()[:] = i
+        s.copy(src, staged)
+        run = p.launch(s, policy="fork", join=False, deferred=True)
+        run.join(s)
+        s.synchronize()
+        run.result(10)
+        assert (ha.numpy() == 1).all() and (hb.numpy() == i).all()
+    assert run.streams[0] is s and s not in run.streams[1:] and len(run.streams) == 3
+    assert run.policy == "fork"
+
+
+def test_deferred_needs_the_fork_policy_without_join_and_enqueues_nothing_otherwise(rt: srt.Runtime) -> None:
+    s = rt.create_stream()
+    p, _, ha, _ = _branches(rt, s)
+    for kwargs in ({"policy": "stream"}, {"policy": "fork"}, {"policy": "fork", "join": True}):
+        with pytest.raises(ValueError, match="deferred=True needs policy='fork' and join=False"):
+            p.launch(s, deferred=True, **kwargs)
+    assert rt._engine._submitter is None and not p._plans and (ha.numpy() == 0).all()
+
+
+def test_a_deferred_run_is_not_done_before_its_calls_are_made(rt: srt.Runtime) -> None:
+    s = rt.create_stream()
+    p, _, ha, _ = _branches(rt, s)
+    p.launch(s, policy="fork", join=False, deferred=True).result(10)  # compiled
+    ha.numpy()[:] = 0
+    go = _stalled(rt)
+    try:
+        run = p.launch(s, policy="fork", join=False, deferred=True)
+        for side in run.streams[1:]:  # idle: the calls are not made yet, and the pooled tail events read complete
+            rt.backend.stream_synchronize(side.handle)
+        assert not run.is_done
+        with pytest.raises(TimeoutError):
+            run.wait(0.05)
+        assert (ha.numpy() == 0).all()
+    finally:
+        go.set()
+    run.result(10)
+    assert (ha.numpy() == 1).all()
+
+
+def test_join_and_order_wait_for_the_submission_then_for_the_work(rt: srt.Runtime) -> None:
+    s = rt.create_stream()
+    p, _, ha, _ = _branches(rt, s)
+    p.launch(s, policy="fork", join=False, deferred=True).result(10)
+    ha.numpy()[:] = 0
+    go = _stalled(rt)
+    run = p.launch(s, policy="fork", join=False, deferred=True)
+    threading.Timer(0.05, go.set).start()
+    run.join(s)  # blocks until the submission thread made the calls, then orders s after them
+    seen = pinned(rt, N)
+    s.copy(seen, ha)  # (host to host: runs in order on s after the join)
+    s.synchronize()
+    assert (seen.numpy() == 1).all()
+    run.result(10)
+
+
+def test_a_call_that_fails_on_the_submission_thread_is_the_runs_error(rt: srt.Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    if rt.backend.native_ops is not None:
+        pytest.skip("the native submitter's calls are the driver's: the failure is injected into the Python twin's")
+    s = rt.create_stream()
+    p, _, ha, hb = _branches(rt, s)
+    real = rt.backend.memset_async
+
+    def failing(*args: object) -> None:
+        raise BackendError("sim", 1, "E1", "injected", "memset_async")
+
+    monkeypatch.setattr(rt.backend, "memset_async", failing)  # bound into the plan when it compiles
+    run = p.launch(s, policy="fork", join=False, deferred=True)
+    with pytest.raises(BackendError, match="injected") as info:
+        run.result(10)
+    assert any("node 'memset" in note and "deferred launch" in note for note in info.value.__notes__)
+    assert (ha.numpy() == 0).all()  # what the failed call would have fed never ran
+    monkeypatch.setattr(rt.backend, "memset_async", real)
+    again = p.launch(s, policy="fork", join=False, deferred=True)  # the same plan: its failing call is bound
+    with pytest.raises(BackendError):
+        again.result(10)
+    p.memset(hb, 0, name="new_version")  # a new version compiles again, with the real call
+    p.launch(s, policy="fork", join=False, deferred=True).result(10)
+    assert (ha.numpy() == 1).all()
+
+
+def test_a_deferred_launch_onto_a_stream_another_library_captures_is_a_capture_error(rt: srt.Runtime) -> None:
+    s = rt.create_stream()
+    p, _, ha, _ = _branches(rt, s)
+    p.launch(s, policy="fork", join=False, deferred=True).result(10)  # compiled while not capturing
+    ha.numpy()[:] = 0
+    rt.backend.stream_begin_capture(s.handle, srt.CaptureMode.THREAD_LOCAL)
+    try:
+        run = p.launch(s, policy="fork", join=False, deferred=True)
+        with pytest.raises(srt.CaptureError, match="capturing when the submission thread"):
+            run.result(10)
+    finally:
+        graph = rt.backend.stream_end_capture(s.handle)
+        rt.backend.graph_destroy(graph)
+    assert (ha.numpy() == 0).all()
+
+
+def test_closing_the_runtime_makes_the_pending_calls_and_resolves_every_run() -> None:
+    rt = srt.open_runtime("sim")
+    s = rt.create_stream()
+    p, _, ha, _ = _branches(rt, s)
+    go = _stalled(rt)
+    runs = [p.launch(s, policy="fork", join=False, deferred=True) for _ in range(5)]
+    threading.Timer(0.05, go.set).start()
+    rt.close()
+    assert all(r.is_done and r.exception() is None for r in runs)
+    assert (ha.numpy() == 1).all()
+    with pytest.raises(srt.ClosedError):
+        p.launch(s, policy="fork", join=False, deferred=True)
+
+
+def test_a_fence_on_a_side_stream_waits_for_the_pending_submission(rt: srt.Runtime) -> None:
+    """Releasing a buffer a deferred launch uses records its fence after the launch's calls (engine.settle)."""
+    s = rt.create_stream()
+    p, src, _, _ = _branches(rt, s)
+    p.launch(s, policy="fork", join=False, deferred=True).result(10)
+    go = _stalled(rt)
+    run = p.launch(s, policy="fork", join=False, deferred=True)
+    released = threading.Thread(target=src.release)
+    released.start()
+    released.join(0.1)
+    blocked = released.is_alive()  # its fence would otherwise precede the calls that read src
+    go.set()
+    released.join(10)
+    assert blocked and not released.is_alive()
+    run.result(10)
