@@ -17,7 +17,7 @@ $(VENV)/.base:
 	$(PIP) install -q "pip>=25.1"
 	touch $@
 
-$(VENV)/.installed: $(VENV)/.base pyproject.toml setup.py allocators/_fastpath_c.c streamrt/recipes/fmha_bwd/_pack_c.c streamrt/_graph_release_c.c streamrt/_backends/_launch_c.c
+$(VENV)/.installed: $(VENV)/.base pyproject.toml setup.py allocators/_fastpath_c.c streamrt/recipes/fmha_bwd/_pack_c.c streamrt/_graph_release_c.c streamrt/_backends/_launch_c.c streamrt/_backends/_submit_c.h
 	$(PIP) install -q -e ".[plot]"
 	touch $@
 

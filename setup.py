@@ -21,6 +21,9 @@ setup(
         Extension("streamrt._graph_release_c", ["streamrt/_graph_release_c.c"], optional=True),
         # A launch's driver calls in one native call (streamrt._backends._native_ops); without it the
         # GPU backends make the same calls one by one through the bindings.
-        Extension("streamrt._backends._launch_c", ["streamrt/_backends/_launch_c.c"], optional=True),
+        # Its Submitter (_submit_c.h, included) runs deferred launches' calls on a thread of its own.
+        Extension(
+            "streamrt._backends._launch_c", ["streamrt/_backends/_launch_c.c"], depends=["streamrt/_backends/_submit_c.h"], optional=True
+        ),
     ],
 )
