@@ -15,7 +15,8 @@ Launch policies:
   submission thread make the launch's backend calls: the launch costs the
   caller's thread only its bookkeeping (``ForkLaunchPlan``, "deferred"). Where
   the launch cannot be compiled (a Python host node, one chain, an Event to
-  wait for, a trace open, several devices), it is made on the caller's thread.
+  wait for, a trace open, several devices or runtimes on several devices),
+  it is made on the caller's thread.
 
 :func:`launch_pipeline` is :meth:`Pipeline.launch` when the pipeline has no
 compiled plan for the stream yet, or the launch cannot use one (the
@@ -91,7 +92,9 @@ def launch_pipeline(p: Pipeline, stream: Stream, policy: str, wait_for: str | Ev
                 return _keep_plan(p, stream, LaunchPlan(p, stream, p._nodes, order, keep)).launch()
             return launch_single(p, stream, order, keep, policy)
         if untraced and plannable(p._nodes, plan, wait_for):
-            fork = ForkLaunchPlan(p, stream, p._nodes, keep, plan, wait_for, join, deferred)  # type: ignore[arg-type]
+            # (a runtime beside others on other devices: the submission thread could not pick the device)
+            aside = deferred and not rt._multi_device
+            fork = ForkLaunchPlan(p, stream, p._nodes, keep, plan, wait_for, join, aside)  # type: ignore[arg-type]
             return _keep_plan(p, (stream, wait_for, join, deferred), fork).launch()
         return launch_fork(p, stream, order, plan, keep, wait_for, join)
 

@@ -190,6 +190,8 @@ class WorkspacePrepare(PreparePlan):
         (``"stream"``, the default: after the work enqueued on ``stream`` so far; an Event; or
         ``None``: at once) and ``join`` (default ``True``: ``stream`` waits for the prepare).
         ``"fork_graph"`` captures the prepare on its first launch, as :meth:`replay` does.
+        ``deferred=True`` with ``join=False`` has the runtime's submission thread make a ``"fork"``
+        launch's calls (docs/pipelines.md, "Deferred launches"); the others make them here.
         """
         self._check_open()
         if strategy not in ("stream", "fork", "fork_graph"):
@@ -198,16 +200,22 @@ class WorkspacePrepare(PreparePlan):
             return self._launch_aside(stream, graph=strategy == "fork_graph", **launch_options)
         return self._pipeline.launch(stream, policy=strategy, **launch_options)
 
-    def _launch_aside(self, stream: Stream, *, graph: bool = False, wait_for: str | Event | None = "stream", join: bool = True) -> Run:
+    def _launch_aside(
+        self, stream: Stream, *, graph: bool = False, wait_for: str | Event | None = "stream", join: bool = True, deferred: bool = False
+    ) -> Run:
         """The prepare on a pooled side stream: ``"fork"`` of the deterministic prepare, or any
         ``"fork_graph"`` (``graph``: the captured prepare replayed there). The deterministic pipeline
         is one chain, which ``Pipeline.launch`` under ``"fork"`` would keep on the caller's stream (the
         first branch stays there). The side stream is ordered as ``"fork"`` orders a side branch:
         after ``stream`` (``wait_for="stream"``), after an event, or at once (``None``); ``join``
         makes ``stream`` wait for it. The side stream and the entry event are kept per caller's
-        stream (the last few) until :meth:`close`, so the chain's launch plan stays compiled."""
+        stream (the last few) until :meth:`close`, so the chain's launch plan stays compiled.
+        ``deferred`` is accepted as ``Pipeline.launch`` takes it for a launch it cannot defer (one
+        chain, or a replay): the calls are made on the calling thread."""
         if not (wait_for is None or wait_for == "stream" or isinstance(wait_for, Event)):
             raise TypeError("wait_for must be 'stream', an Event or None")
+        if deferred and join:
+            raise ValueError("deferred=True needs join=False (nothing then waits on the caller's thread)")
         with self._aside_lock:  # no other launch gives this side stream and event back meanwhile
             aside = self._asides.get(stream)
             if aside is None:
