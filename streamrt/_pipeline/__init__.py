@@ -12,8 +12,8 @@ launch), ``_graph`` (:class:`Graph`, captured replays), ``_devices``
 from . import _capture  # noqa: F401 - serves Stream.capture and host functions while capturing
 from ._builder import Edge, Pipeline
 from ._graph import Graph, capture_pipeline
-from ._launch import POLICIES
+from ._launch import POLICIES, deferrable
 from ._nodes import Node
 from ._run import Run, RunChain
 
-__all__ = ["POLICIES", "Edge", "Graph", "Node", "Pipeline", "Run", "RunChain", "capture_pipeline"]
+__all__ = ["POLICIES", "Edge", "Graph", "Node", "Pipeline", "Run", "RunChain", "capture_pipeline", "deferrable"]

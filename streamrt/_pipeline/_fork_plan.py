@@ -50,10 +50,10 @@ if TYPE_CHECKING:
 __all__ = ["ForkLaunchPlan", "plannable"]
 
 
-def plannable(nodes: list[Node], fork: ForkPlan, wait_for: object) -> bool:
-    """Whether a fork launch of ``nodes`` can be compiled: several branches, no Python host node."""
+def plannable(nodes: list[Node], fork: ForkPlan, wait_for: object, deferred: bool = False) -> bool:
+    """Whether a fork launch of ``nodes`` can be compiled: several branches (or deferred), no Python host node."""
     return (
-        fork.slots > 1
+        (fork.slots > 1 or deferred)
         and (wait_for is None or wait_for == "stream")
         and not any(isinstance(n, HostNode) and n.native_address is None for n in nodes)
     )

@@ -13,10 +13,11 @@ Launch policies:
   caller's stream runs on meanwhile. ``deferred=True`` (with ``join=False``)
   also puts the first branch on a side stream and has the runtime's
   submission thread make the launch's backend calls: the launch costs the
-  caller's thread only its bookkeeping (``ForkLaunchPlan``, "deferred"). Where
-  the launch cannot be compiled (a Python host node, one chain, an Event to
-  wait for, a trace open, several devices or runtimes on several devices),
-  it is made on the caller's thread.
+  caller's thread only its bookkeeping (``ForkLaunchPlan``, "deferred"); a
+  single chain then runs on one side stream. Where the launch cannot be
+  compiled (a Python host node, an Event to wait for, a trace open, several
+  devices or runtimes on several devices), it is made on the caller's thread
+  (a single chain: on the caller's stream).
 
 :func:`launch_pipeline` is :meth:`Pipeline.launch` when the pipeline has no
 compiled plan for the stream yet, or the launch cannot use one (the
@@ -55,7 +56,7 @@ from ._run import Run
 if TYPE_CHECKING:
     from ._builder import Pipeline
 
-__all__ = ["POLICIES", "launch_pipeline"]
+__all__ = ["POLICIES", "deferrable", "launch_pipeline"]
 
 POLICIES = ("stream", "fork")
 
@@ -83,20 +84,29 @@ def launch_pipeline(p: Pipeline, stream: Stream, policy: str, wait_for: str | Ev
         where = p._placement(rt)
         if where is not None:
             return launch_across_devices(p, stream, order, keep, where, policy, wait_for, join)
-        plan = p._fork_plan() if policy == "fork" else None
-        if plan is not None and plan.slots == 1:
-            plan = None  # a single chain: nothing to fork
         untraced = rt._backend is rt._base_backend
+        # deferred where it can be (a runtime beside others on other devices: the submission thread
+        # could not pick the device); a deferred single chain runs on one side stream
+        aside = deferred and untraced and not rt._multi_device
+        plan = p._fork_plan() if policy == "fork" else None
+        if plan is not None and plan.slots == 1 and not (aside and plannable(p._nodes, plan, wait_for, aside)):
+            plan = None  # a single chain: nothing to fork
         if plan is None:
             if policy == "stream" and untraced:
                 return _keep_plan(p, stream, LaunchPlan(p, stream, p._nodes, order, keep)).launch()
             return launch_single(p, stream, order, keep, policy)
-        if untraced and plannable(p._nodes, plan, wait_for):
-            # (a runtime beside others on other devices: the submission thread could not pick the device)
-            aside = deferred and not rt._multi_device
+        if untraced and plannable(p._nodes, plan, wait_for, aside):
             fork = ForkLaunchPlan(p, stream, p._nodes, keep, plan, wait_for, join, aside)  # type: ignore[arg-type]
             return _keep_plan(p, (stream, wait_for, join, deferred), fork).launch()
         return launch_fork(p, stream, order, plan, keep, wait_for, join)
+
+
+def deferrable(p: Pipeline, stream: Stream, wait_for: str | Event | None) -> bool:
+    """Whether ``p.launch(stream, policy="fork", wait_for=wait_for, join=False, deferred=True)`` is deferred
+    (made by the submission thread) rather than made on the caller's thread."""
+    rt = stream._runtime
+    fork = p._fork_plan()
+    return rt._backend is rt._base_backend and not rt._multi_device and plannable(p._nodes, fork, wait_for, True)
 
 
 def _keep_plan(p: Pipeline, key: Any, plan: Any) -> Any:

@@ -152,6 +152,29 @@ def test_fork_runs_the_round_trip_off_the_callers_stream(rt: srt.Runtime, strate
     env.check(q, k)
 
 
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_a_deferred_fork_gives_the_same_image_with_its_calls_made_by_the_submission_thread(
+    rt: srt.Runtime, deterministic: bool, pack: str
+) -> None:
+    """The seed's prepare with ``deferred=True``: every branch on side streams, its calls made by the runtime's
+    submission thread where it can be deferred (no Python host node), else made here as without it."""
+    params = dataclasses.replace(PARAMS, deterministic=deterministic)
+    env = Setup(rt, params)
+    with WorkspacePrepare(rt, params, env.q, env.k, env.ws, pack=pack) as prep:
+        for first in (17, 3):  # changed seqlens: each launch reads what the caller's stream wrote before it
+            q, k = env.set_seqlens(np.array([5, 0, 200, 33, 1, 64]), np.array([40, 7, 0, 200, 1, 64]), q_first=first)
+            run = prep.launch(env.s, "fork", join=False, deferred=True)
+            run.join(env.s)
+            run.result(10)
+            assert prep.result(env.s) == reference_result(params, q, k)
+            env.check(q, k)
+        assert bool(run.gate) == (pack == "native")  # the Python pack is a Python host node: not deferred
+        if run.gate:
+            assert run.streams[0] is env.s and env.s not in run.streams[1:]
+        with pytest.raises(ValueError, match="join=False"):
+            prep.launch(env.s, "fork", deferred=True)
+
+
 def test_the_deterministic_fork_keeps_its_side_stream_per_callers_stream_until_close(rt: srt.Runtime) -> None:
     """Launches from one stream reuse one side stream (its launch plan stays compiled); close gives it back."""
     params = dataclasses.replace(PARAMS, deterministic=True)

@@ -61,7 +61,7 @@ from ..._completion import Completion
 from ..._event import Event
 from ..._kernel import library_for
 from ..._pipeline import Pipeline
-from ..._pipeline import Run
+from ..._pipeline import Run, deferrable
 from ..._streampool import pool_for
 from . import _kernels
 from ._plan import PreparePlan, prepare_buffers
@@ -210,12 +210,16 @@ class WorkspacePrepare(PreparePlan):
         after ``stream`` (``wait_for="stream"``), after an event, or at once (``None``); ``join``
         makes ``stream`` wait for it. The side stream and the entry event are kept per caller's
         stream (the last few) until :meth:`close`, so the chain's launch plan stays compiled.
-        ``deferred`` is accepted as ``Pipeline.launch`` takes it for a launch it cannot defer (one
-        chain, or a replay): the calls are made on the calling thread."""
+        ``deferred`` (with ``join=False``): the chain runs on a side stream of its deferred launch
+        plan, its calls made by the runtime's submission thread; where that cannot be (a replay, an
+        Event to wait for, the Python pack, a trace open), the calls are made here, as without it."""
         if not (wait_for is None or wait_for == "stream" or isinstance(wait_for, Event)):
             raise TypeError("wait_for must be 'stream', an Event or None")
         if deferred and join:
             raise ValueError("deferred=True needs join=False (nothing then waits on the caller's thread)")
+        if deferred and not graph and (wait_for is None or wait_for == "stream") and deferrable(self._pipeline, stream, wait_for):
+            # the chain on a side stream of its deferred plan, its calls made by the submission thread
+            return self._pipeline.launch(stream, policy="fork", wait_for=wait_for, join=False, deferred=True)
         with self._aside_lock:  # no other launch gives this side stream and event back meanwhile
             aside = self._asides.get(stream)
             if aside is None:
