@@ -72,7 +72,7 @@ class ForkLaunchPlan:
 
     __slots__ = (
         "__weakref__", "backend", "body", "check", "deferred", "events", "keep", "names", "pipeline", "program", "records",
-        "roots", "run_program", "sides", "steps", "stream", "streams", "tails", "users", "wait_for",
+        "roots", "run_program", "sides", "steps", "stream", "streams", "tails", "template", "users", "wait_for",
     )
 
     def __init__(
@@ -147,6 +147,10 @@ class ForkLaunchPlan:
         # While the previous run is pending its waits go between the capture check and the steps: the two halves
         self.check = Program().check_not_capturing(stream._handle) if self.program is not None else None
         self.body = self.program.after(1) if self.program is not None else None
+        # A deferred launch with nothing to wait for: the program with its tail records, their events set per launch
+        self.template = None
+        if deferred and self.program is not None:
+            self.template = self._deferred_work([], [0] * len(self.sides))
 
     def launch(self) -> Run:
         """Enqueue the pipeline with the ``"fork"`` policy from the plan's stream; its :class:`Run`."""
@@ -244,7 +248,15 @@ class ForkLaunchPlan:
         return run
 
     def _deferred_work(self, waits: list[tuple[int, int]], events: list[int]) -> Any:
-        """One launch's calls: the capture check, ``waits``, the compiled steps, a tail record per side stream."""
+        """One launch's calls: the capture check, ``waits``, the compiled steps, a tail record per side stream.
+
+        Without waits it is :attr:`template`, changed in place (the submitter copies what it is given)."""
+        template = self.template
+        if template is not None and not waits:
+            first = len(template) - len(events)
+            for i, ev in enumerate(events):
+                template.set(first + i, 0, ev)
+            return template
         if self.program is not None:
             program = Program().check_not_capturing(self.stream._handle)
             for handle, ev in waits:

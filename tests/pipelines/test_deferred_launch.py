@@ -170,3 +170,17 @@ def test_a_fence_on_a_side_stream_waits_for_the_pending_submission(rt: srt.Runti
     released.join(10)
     assert blocked and not released.is_alive()
     run.result(10)
+
+
+def test_a_burst_of_deferred_launches_runs_in_order_each_after_the_previous(rt: srt.Runtime) -> None:
+    """Relaunches while the previous run is pending: each waits for its tails (in the submitted program)."""
+    s = rt.create_stream()
+    p, src, ha, hb = _branches(rt, s)
+    staged = pinned(rt, N, fill=3)
+    s.copy(src, staged)
+    runs = [p.launch(s, policy="fork", join=False, deferred=True) for _ in range(20)]
+    assert [r.gate for r in runs] == sorted(r.gate for r in runs) and len({r.gate for r in runs}) == 20
+    runs[-1].join(s)
+    s.synchronize()
+    assert all(r.exception(10) is None for r in runs)
+    assert (ha.numpy() == 1).all() and (hb.numpy() == 3).all()
