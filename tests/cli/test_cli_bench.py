@@ -16,7 +16,7 @@ from streamrt._cli import main
 from streamrt._cli.bench import SKIP_STATUS
 
 SUITE = REPO / "demos" / "bench"
-TORCH_BENCHMARKS = ("train_loop_bench", "train_loop_breakdown", "helper_calls", "helper_costs")
+TORCH_BENCHMARKS = ("train_loop_bench", "train_loop_breakdown", "helper_calls", "helper_costs", "prepare_in_loop")
 
 GOOD = """
 import argparse, json
@@ -228,3 +228,16 @@ def test_host_handover_times_a_python_host_calls_hand_over_beside_a_native_no_op
     assert bad.returncode == 2 and "--n must be a positive multiple of --rounds" in bad.stderr
     bad = _run_script("host_handover", "--backend", "sim", "--switch-us", "0")
     assert bad.returncode == 2 and "must be positive" in bad.stderr
+
+
+def test_prepare_in_loop_times_the_launch_pieces_per_variant_and_checks_the_metadata(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    out = tmp_path / "prepare_in_loop.json"
+    run = _run_script("prepare_in_loop", "--backend", "sim", "--device", "cpu", "--size", "xs", "--rounds", "1", "--turn", "3", "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    result = json.loads(out.read_text())
+    assert set(result["samples"]) == {"none", "fork", "deferred"}  # no native ops on the simulator: no "raw"
+    assert all(len(xs) == 1 for pieces in result["samples"].values() for xs in pieces.values())
+    assert result["verified"] == 4 and result["samples"]["none"]["prepare"][0] < result["samples"]["fork"]["prepare"][0]
+    bad = _run_script("prepare_in_loop", "--backend", "sim", "--device", "cpu", "--turn", "1")
+    assert bad.returncode == 2 and "--turn must be at least 2" in bad.stderr
