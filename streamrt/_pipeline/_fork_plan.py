@@ -72,7 +72,8 @@ class ForkLaunchPlan:
 
     __slots__ = (
         "__weakref__", "backend", "body", "check", "deferred", "events", "keep", "names", "pipeline", "program", "records",
-        "roots", "run_program", "sides", "steps", "stream", "streams", "tails", "template", "users", "wait_for",
+        "roots", "run_program", "run_streams", "side_handles", "sides", "steps", "stream", "streams", "tails", "template", "users",
+        "wait_for",
     )
 
     def __init__(
@@ -148,6 +149,8 @@ class ForkLaunchPlan:
         self.check = Program().check_not_capturing(stream._handle) if self.program is not None else None
         self.body = self.program.after(1) if self.program is not None else None
         # A deferred launch with nothing to wait for: the program with its tail records, their events set per launch
+        self.run_streams = (stream, *self.sides)  # a deferred Run's streams (one tuple: its plan's runs are told by it)
+        self.side_handles = tuple(side._handle for side in self.sides)
         self.template = None
         if deferred and self.program is not None:
             self.template = self._deferred_work([], [0] * len(self.sides))
@@ -233,17 +236,18 @@ class ForkLaunchPlan:
         chain = pipeline._chain
         prev = chain.last
         waits: list[tuple[int, int]] = []  # (side stream, event): the previous run's tails, waited for there
-        if prev is not None and not prev._done:
+        # (the previous run of this plan on one side stream is ordered by that stream alone)
+        if prev is not None and not prev._done and (len(self.sides) > 1 or prev._streams is not self.run_streams):
             with prev._lock:
                 waits = [(side._handle, ev) for side in self.sides for src, ev in prev._tails if src is not side]
         pool = engine._pool
         events = [pool.pop() if pool else engine._events.take() for _ in self.sides]
         work = self._deferred_work(waits, events)
         ticket = submitter.submit(work, len(work) - len(events))
-        engine.defer_on([side._handle for side in self.sides], ticket)
+        engine.defer_on(self.side_handles, ticket)
         self._note_streams()
         deferred = Deferred(submitter, ticket, work, tuple(zip(self.sides, events)), self.names, 1 + len(waits))
-        run = Run(pipeline._name, "fork", (stream, *self.sides), (), self.keep, engine, self.sides, deferred=deferred)
+        run = Run(pipeline._name, "fork", self.run_streams, (), self.keep, engine, self.sides, deferred=deferred)
         chain.last = run
         return run
 
