@@ -56,8 +56,9 @@ class Submitter(Protocol):
         ``None`` if none failed. Call after :meth:`wait` or once ``done()`` reached the ticket."""
         ...
 
-    def close(self) -> None:
-        """Make the calls of every program submitted so far, then stop the thread. Later submits raise."""
+    def close(self, timeout: float | None = None) -> None:
+        """Make the calls of every program submitted so far, then stop the thread; later submits raise.
+        Waits up to ``timeout`` seconds for the thread (``None``: as long as it takes)."""
         ...
 
 
@@ -81,9 +82,9 @@ class NativeSubmitter:
         failed = self._c.failure(ticket)
         return None if failed is None else self._ops.failure_in(work, *failed)
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         self._c.stop()
-        self._thread.join()
+        self._thread.join(timeout)
 
 
 class PySubmitter:
@@ -125,11 +126,11 @@ class PySubmitter:
         with self._cond:
             return self._failures.pop(ticket, None)
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        self._thread.join()
+        self._thread.join(timeout)
 
     def _serve(self, on_start: Callable[[], None] | None) -> None:
         if on_start is not None:

@@ -23,7 +23,7 @@ typedef struct {
     Job *head, *tail;
     uint64_t submitted;
     _Atomic uint64_t done;
-    int sleeping, waiters, stopping, stopped;
+    int sleeping, waiters, stopping, stopped, serving;
     Failure *failures;
     Py_ssize_t n_failures, cap_failures;
 } Submitter;
@@ -76,10 +76,11 @@ static void run_job(Submitter *sb, Job *j) {
 /* serve(): the submitting thread's loop; returns once stop() was called and every program submitted ran. */
 static PyObject *Submitter_serve(Submitter *sb, PyObject *unused) {
     (void)unused;
-    if (sb->ex == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "an uninitialised Submitter");
+    if (sb->ex == NULL || sb->serving) {
+        PyErr_SetString(PyExc_RuntimeError, sb->ex == NULL ? "an uninitialised Submitter" : "a Submitter is served by one thread");
         return NULL;
     }
+    sb->serving = 1; /* (set with the GIL held: a second serve() sees it) */
     int ok = make_current(sb->ex) == 0; /* this thread's context, once (CUDA) */
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&sb->mu);

@@ -419,7 +419,7 @@ class CompletionEngine(_HostCalls):
         try:
             self._wait_for_enqueues(None if timeout is None else time.monotonic() + timeout)
             if self._submitter is not None:
-                self._submitter.close()  # the calls submitted so far are made first
+                self._submitter.close(timeout)  # the calls submitted so far are made first
             self.drain(timeout)
         except TimeoutError:
             forced = True

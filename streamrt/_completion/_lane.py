@@ -37,11 +37,10 @@ class _Entry:
 
     Lane items. A lane holds objects with ``event`` (the watched event),
     ``pooled`` (the lane gives the event back to the engine's pool when it
-    retires), ``unordered`` (see below), ``keepalive``, and
-    ``gate`` (0, or the ticket of the deferred submission that records the
-    event: it is not queried before the submitter ran it, see
-    :mod:`streamrt._submitter`) and ``_retire(error, posts)``: called once,
-    on the retiring thread, when the event completed (``error``: waiting for it failed, or the lane failed or
+    retires), ``unordered`` (see below), ``keepalive``, ``gate`` (0, or the
+    ticket of the deferred submission that records the event, see "Order"),
+    and ``_retire(error, posts)``: called once, on the retiring thread, when
+    the event completed (``error``: waiting for it failed, or the lane failed or
     was given up). ``_Entry`` is the general item; a pipeline's
     :class:`~streamrt._pipeline._run.Run` is its own tail's item.
     """

@@ -148,9 +148,9 @@ class ForkLaunchPlan:
         # While the previous run is pending its waits go between the capture check and the steps: the two halves
         self.check = Program().check_not_capturing(stream._handle) if self.program is not None else None
         self.body = self.program.after(1) if self.program is not None else None
-        # A deferred launch with nothing to wait for: the program with its tail records, their events set per launch
         self.run_streams = (stream, *self.sides)  # a deferred Run's streams (one tuple: its plan's runs are told by it)
         self.side_handles = tuple(side._handle for side in self.sides)
+        # A deferred launch with nothing to wait for: the program with its tail records, their events set per launch
         self.template = None
         if deferred and self.program is not None:
             self.template = self._deferred_work([], [0] * len(self.sides))

@@ -37,10 +37,10 @@ from .._errors import CaptureError
 from .._stream import Stream
 
 if TYPE_CHECKING:
-    from .._submitter import Submitter
     from .._completion import CompletionEngine
     from .._completion._lane import _Lane
     from .._hostcall import HostRequest
+    from .._submitter import Submitter
 
 __all__ = ["Deferred", "Run", "RunChain", "recorded_run", "serialize_after"]
 
@@ -234,8 +234,7 @@ class Run(Completion):
     def _submission_error(self) -> BaseException | None:
         """The error of the call that failed on the submission thread, if one did (asked once)."""
         deferred, self._submission = self._submission, None
-        if deferred is None:
-            return None
+        assert deferred is not None
         failed = deferred.submitter.failure(deferred.ticket, deferred.work)
         if failed is None:
             return None
@@ -312,8 +311,10 @@ class Run(Completion):
 
     def _finish(self, posts: PostBatch | None) -> None:
         self.keepalive = None  # dropped on the retiring thread, before anyone sees the run done
-        if self._submission is not None and self._error is None:
-            self._error = self._submission_error()
+        if self._submission is not None:
+            failed = self._submission_error()
+            if self._error is None:
+                self._error = failed
         error = self._error
         for name, req in self._host:
             worker = req.worker
