@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from pipeline_helpers import Gate, pinned
+from pipeline_helpers import pinned
 
 import streamrt as srt
 from streamrt._errors import BackendError
