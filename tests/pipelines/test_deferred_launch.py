@@ -126,6 +126,7 @@ def test_a_call_that_fails_on_the_submission_thread_is_the_runs_error(rt: srt.Ru
 
 
 def test_a_deferred_launch_onto_a_stream_another_library_captures_is_a_capture_error(rt: srt.Runtime) -> None:
+    """A compiled deferred launch is not recorded into that capture (the submission thread checks for it)."""
     s = rt.create_stream()
     p, _, ha, _ = _branches(rt, s)
     p.launch(s, policy="fork", join=False, deferred=True).result(10)  # compiled while not capturing
