@@ -332,10 +332,9 @@ class Pipeline:
     ) -> Run:
         """Enqueue the pipeline on ``stream`` and return its :class:`Run`. Non-blocking.
 
-        ``policy``: ``"stream"`` or ``"fork"``. ``wait_for``, ``join`` and
-        ``deferred`` (with ``join=False``: the backend calls are made by the
-        runtime's submission thread) apply to ``"fork"`` (see
-        :mod:`streamrt._pipeline._launch`).
+        ``policy``: ``"stream"`` or ``"fork"``. ``wait_for``, ``join`` and ``deferred`` (with
+        ``join=False``: the runtime's submission thread makes the backend calls) apply to
+        ``"fork"`` (see :mod:`streamrt._pipeline._launch`).
         Everything is validated before anything is enqueued. If the backend
         fails midway, the error is raised; what was enqueued still completes
         and stays alive.
