@@ -218,8 +218,7 @@ def streamrt_steps(
                     if prev_step % cfg.verify_every == 0:
                         check.add(prev_step, prev_cu, st.fetch(rt, meta, current))
                 seq.copy_(batch["cu_seqlens"])
-                deferred = {"deferred": True} if cfg.deferred_prepare else {}
-                prev = (step, prep.launch(current, cfg.prepare_strategy, join=False, **deferred), cu_host)
+                prev = (step, prep.launch(current, cfg.prepare_strategy, join=False, deferred=cfg.deferred_prepare), cu_host)
             if stepper is None:
                 loss = span(rt, "fwd+bwd+step", train_step, model, opt, batch["tokens"], batch["targets"], batch["cu_seqlens"])
             elif step < cfg.warmup:

@@ -85,11 +85,9 @@ def launch_pipeline(p: Pipeline, stream: Stream, policy: str, wait_for: str | Ev
         if where is not None:
             return launch_across_devices(p, stream, order, keep, where, policy, wait_for, join)
         untraced = rt._backend is rt._base_backend
-        # deferred where it can be (a runtime beside others on other devices: the submission thread
-        # could not pick the device); a deferred single chain runs on one side stream
-        aside = deferred and untraced and not rt._multi_device
+        aside = deferred and deferrable(p, stream, wait_for)  # a deferred single chain runs on one side stream
         plan = p._fork_plan() if policy == "fork" else None
-        if plan is not None and plan.slots == 1 and not (aside and plannable(p._nodes, plan, wait_for, aside)):
+        if plan is not None and plan.slots == 1 and not aside:
             plan = None  # a single chain: nothing to fork
         if plan is None:
             if policy == "stream" and untraced:
@@ -103,10 +101,14 @@ def launch_pipeline(p: Pipeline, stream: Stream, policy: str, wait_for: str | Ev
 
 def deferrable(p: Pipeline, stream: Stream, wait_for: str | Event | None) -> bool:
     """Whether ``p.launch(stream, policy="fork", wait_for=wait_for, join=False, deferred=True)`` is deferred
-    (made by the submission thread) rather than made on the caller's thread."""
+    (made by the submission thread) rather than made on the caller's thread: untraced, one device (a
+    runtime beside others on other devices: the submission thread could not pick the device), no Python
+    host node, ``wait_for`` not an Event."""
     rt = stream._runtime
-    fork = p._fork_plan()
-    return rt._backend is rt._base_backend and not rt._multi_device and plannable(p._nodes, fork, wait_for, True)
+    if rt._backend is not rt._base_backend or rt._multi_device:
+        return False
+    # (compiled for this version: it was)
+    return (stream, wait_for, False, True) in p._plans or plannable(p._nodes, p._fork_plan(), wait_for, True)
 
 
 def _keep_plan(p: Pipeline, key: Any, plan: Any) -> Any:

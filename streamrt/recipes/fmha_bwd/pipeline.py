@@ -217,11 +217,9 @@ class WorkspacePrepare(PreparePlan):
             raise TypeError("wait_for must be 'stream', an Event or None")
         if deferred and join:
             raise ValueError("deferred=True needs join=False (nothing then waits on the caller's thread)")
-        if deferred and not graph and (wait_for is None or wait_for == "stream"):
-            pipeline = self._pipeline
-            if (stream, wait_for, False, True) in pipeline._plans or deferrable(pipeline, stream, wait_for):
-                # the chain on a side stream of its deferred plan, its calls made by the submission thread
-                return pipeline.launch(stream, policy="fork", wait_for=wait_for, join=False, deferred=True)
+        if deferred and not graph and deferrable(self._pipeline, stream, wait_for):
+            # the chain on a side stream of its deferred plan, its calls made by the submission thread
+            return self._pipeline.launch(stream, policy="fork", wait_for=wait_for, join=False, deferred=True)
         with self._aside_lock:  # no other launch gives this side stream and event back meanwhile
             aside = self._asides.get(stream)
             if aside is None:
