@@ -5,11 +5,11 @@
  * released once for the whole program; replay() checks that a stream is not capturing, launches an
  * executable graph on it and, given an event, records it after the graph; copy_record() checks that a
  * stream is not capturing, enqueues a copy on it and records an event after it; record() records an
- * event (record_held() with the GIL kept); query() asks whether an event has completed; synchronize()
- * waits for one (GIL released). A failing call stops the program: run(), replay() and copy_record()
- * return (index, code) of the failed call, or (index, 0) where a capture check found the stream
- * capturing, and None when every call succeeded. record(), query() and synchronize() raise the error
- * that make_error(code, call) returns.
+ * event (record_held() with the GIL kept); wait() makes a stream wait for one; query() asks whether an
+ * event has completed; synchronize() waits for one (GIL released). A failing call stops the program:
+ * run(), replay() and copy_record() return (index, code) of the failed call, or (index, 0) where a
+ * capture check found the stream capturing, and None when every call succeeded. record(), wait(),
+ * query() and synchronize() raise the error that make_error(code, call) returns.
  *
  * On CUDA a driver call made on a thread with no current context returns CUDA_ERROR_INVALID_CONTEXT:
  * the Executor then calls make_current() (with the GIL) once and retries the call (context_error = 0:
@@ -225,15 +225,16 @@ static PyObject *raise_code(Executor *ex, int code, int fn) {
     return NULL;
 }
 
-/* record(event, stream) releases the GIL: an enqueue can block in the driver behind a stream whose queue
- * is full, and what drains it (a host call's worker) may need the GIL. record_held(event, stream) keeps
- * it, saving the hand-over, for a caller that accepts that risk (the completion engine's tail records). */
-static PyObject *do_record(Executor *ex, PyObject *const *args, Py_ssize_t nargs, int hold) {
+/* One call (a record or a wait) outside a program. record(event, stream) and wait(stream, event) release
+ * the GIL: an enqueue can block in the driver behind a stream whose queue is full, and what drains it (a
+ * host call's worker) may need the GIL. record_held(event, stream) keeps it, saving the hand-over, for a
+ * caller that accepts that risk (the completion engine's tail records). */
+static PyObject *one_call(Executor *ex, int op, PyObject *const *args, Py_ssize_t nargs, int hold) {
     if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "record(event, stream)");
+        PyErr_SetString(PyExc_TypeError, op == OP_RECORD ? "record(event, stream)" : "wait(stream, event)");
         return NULL;
     }
-    uint64_t words[WORDS] = {OP_RECORD, PyLong_AsUnsignedLongLong(args[0]), PyLong_AsUnsignedLongLong(args[1]), 0, 0, 0};
+    uint64_t words[WORDS] = {op, PyLong_AsUnsignedLongLong(args[0]), PyLong_AsUnsignedLongLong(args[1]), 0, 0, 0};
     if (PyErr_Occurred()) return NULL;
     int code;
     if (hold) {
@@ -250,12 +251,16 @@ static PyObject *do_record(Executor *ex, PyObject *const *args, Py_ssize_t nargs
         if (python_error) return NULL;
     }
     if (code == 0) Py_RETURN_NONE;
-    return raise_code(ex, code, OP_RECORD);
+    return raise_code(ex, code, op);
 }
 
-static PyObject *Executor_record(Executor *ex, PyObject *const *args, Py_ssize_t nargs) { return do_record(ex, args, nargs, 0); }
+static PyObject *Executor_record(Executor *ex, PyObject *const *args, Py_ssize_t nargs) { return one_call(ex, OP_RECORD, args, nargs, 0); }
 
-static PyObject *Executor_record_held(Executor *ex, PyObject *const *args, Py_ssize_t nargs) { return do_record(ex, args, nargs, 1); }
+static PyObject *Executor_record_held(Executor *ex, PyObject *const *args, Py_ssize_t nargs) {
+    return one_call(ex, OP_RECORD, args, nargs, 1);
+}
+
+static PyObject *Executor_wait(Executor *ex, PyObject *const *args, Py_ssize_t nargs) { return one_call(ex, OP_WAIT, args, nargs, 0); }
 
 /* Calls entry point fn (query or synchronize) on the event with the GIL released, made current and retried
  * once on a thread with no current context; the call's code, or -1 with a Python error set. */
@@ -347,6 +352,7 @@ static PyMethodDef Executor_methods[] = {
      "copy_record(dst, src, nbytes, kind, stream, event) -> None | (index, code)"},
     {"record", (PyCFunction)(void (*)(void))Executor_record, METH_FASTCALL, "record(event, stream); raises make_error(code, call)"},
     {"record_held", (PyCFunction)(void (*)(void))Executor_record_held, METH_FASTCALL, "record(event, stream), the GIL kept"},
+    {"wait", (PyCFunction)(void (*)(void))Executor_wait, METH_FASTCALL, "wait(stream, event); raises make_error(code, call)"},
     {"query", (PyCFunction)Executor_query, METH_O, "query(event) -> whether it completed; raises make_error(code, call)"},
     {"synchronize", (PyCFunction)Executor_synchronize, METH_O, "synchronize(event): waits for it; raises make_error(code, call)"},
     {"call_name", (PyCFunction)Executor_call_name, METH_O, "call_name(op) -> the entry point's C name"},

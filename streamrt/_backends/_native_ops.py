@@ -20,9 +20,10 @@ launch:
   on it and records an event after it, with the same result;
 * :meth:`NativeOps.new_submitter` makes a ``Submitter``: a thread of its own that
   runs programs in submission order without the GIL (:mod:`streamrt._submitter`);
-* :meth:`NativeOps.record` records an event, :meth:`NativeOps.query` asks whether one
-  has completed and :meth:`NativeOps.synchronize` waits for one (they raise like
-  ``backend.event_record``, ``backend.event_query`` and ``backend.event_synchronize``, and
+* :meth:`NativeOps.record` records an event, :meth:`NativeOps.wait` makes a stream wait
+  for one, :meth:`NativeOps.query` asks whether one has completed and
+  :meth:`NativeOps.synchronize` waits for one (they raise like ``backend.event_record``,
+  ``backend.stream_wait_event``, ``backend.event_query`` and ``backend.event_synchronize``, and
   release the GIL as they do); :meth:`NativeOps.record_held` records with the GIL kept, for
   the completion engine's tails (no hand-over of the GIL on a launch's path; it blocks every
   thread should the driver block the call behind a full queue).
@@ -128,6 +129,7 @@ class NativeOps:
 
     __slots__ = (
         "_backend", "_copy_record", "_executor", "_make_error", "_run", "_replay", "query", "record", "record_held", "synchronize",
+        "wait",
     )
 
     def __init__(
@@ -152,11 +154,13 @@ class NativeOps:
         self.query: Callable[[int], bool] = self._executor.query
         self.record_held: Callable[[int, int], None] = self._executor.record_held
         self.synchronize: Callable[[int], None] = self._executor.synchronize
+        self.wait: Callable[[int, int], None] = self._executor.wait
 
     def serve_events(self, backend: Any) -> None:
-        """Make ``backend``'s ``event_record``, ``event_query`` and ``event_synchronize`` this executor's calls
-        (the hottest single calls: the same results and errors, without the binding layer)."""
+        """Make ``backend``'s ``event_record``, ``stream_wait_event``, ``event_query`` and ``event_synchronize``
+        this executor's calls (the hottest single calls: the same results and errors, without the binding layer)."""
         backend.event_record = self.record
+        backend.stream_wait_event = self.wait
         backend.event_query = self.query
         backend.event_synchronize = self.synchronize
 

@@ -389,6 +389,25 @@ def test_serve_events_makes_a_backends_event_calls_the_executors() -> None:
     backend = SimpleNamespace()
     ops.serve_events(backend)
     backend.event_record(0xE1, 0x50)
+    backend.stream_wait_event(0x60, 0xE1)
     assert backend.event_query(0xE1) is True
     backend.event_synchronize(0xE1)
-    assert driver.log == [("record", 0xE1, 0x50), ("query", 0xE1), ("sync", 0xE1)]
+    assert driver.log == [("record", 0xE1, 0x50), ("wait", 0x60, 0xE1, 0), ("query", 0xE1), ("sync", 0xE1)]
+
+
+@built
+@pytest.mark.parametrize("hip", [False, True])
+def test_wait_raises_the_mapped_error_and_retries_once_without_a_context(hip: bool) -> None:
+    driver = FakeDriver(hip=hip)
+    made_current: list[int] = []
+    ops = ops_over(driver, hip=hip, make_current=lambda: made_current.append(1))
+    driver.codes["wait"] = [709]
+    with pytest.raises(BackendError) as info:
+        ops.wait(0x60, 0xE1)
+    assert (info.value.code, info.value.call) == (709, "hipStreamWaitEvent" if hip else "cuStreamWaitEvent")
+    if not hip:  # CUDA: a thread with no current context gets one, and the call is made again
+        driver.codes["wait"] = [CONTEXT_ERROR]
+        ops.wait(0x61, 0xE2)
+        assert made_current == [1] and driver.log[-2:] == [("wait", 0x61, 0xE2, 0), ("wait", 0x61, 0xE2, 0)]
+    with pytest.raises(TypeError):
+        ops.wait(0x60)  # type: ignore[call-arg]
