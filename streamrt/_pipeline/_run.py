@@ -284,8 +284,13 @@ class Run(Completion):
         """Make later work on ``stream`` wait for every tail of this run. Non-blocking; a no-op once done."""
         if not isinstance(stream, Stream):
             raise TypeError(f"join takes a Stream, not {type(stream).__name__}")
+        if self._done:
+            if stream._closed:
+                stream._check_open()
+            return
         with stream._lock:
-            stream._check_open()
+            if stream._closed:
+                stream._check_open()
             serialize_after(self, (stream,))
 
     # -- resolution (the lane) ------------------------------------------------------------

@@ -31,8 +31,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._buffer import DEVICE, PAGEABLE, Buffer
+from .._event import Event
 from .._extensions import provide
+from .._pipeline import Run
 from .._stream import Stream
+from ._context import context
 from ._lazy import is_tensor, torch_module
 
 if TYPE_CHECKING:
@@ -108,9 +111,7 @@ def current_stream(rt: Runtime) -> Stream:
     Stream per torch stream, cached). Simulator: the runtime's host stand-in
     stream (torch runs on the CPU, in program order).
     """
-    from ._context import context
-
-    return context(rt).current_stream()
+    return (rt._torch_context or context(rt)).current_stream()
 
 
 def tensor_buffer(rt: Runtime, tensor: Any) -> Buffer:
@@ -188,8 +189,6 @@ def device_empty(rt: Runtime, shape: Any, dtype: Any = None, *, stream: Stream |
     freed, and the tensor must not be used after the runtime is closed.
     ``dtype`` defaults to ``torch.float32``.
     """
-    from ._context import context
-
     torch = torch_module()
     dtype = torch.float32 if dtype is None else dtype
     shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
@@ -208,18 +207,18 @@ def order_after(rt: Runtime, work: Any, stream: Stream | None = None) -> None:
     (the host never blocks). When torch computes on the host (the simulator
     with CPU torch), the host waits for ``work`` (a no-op if it is done).
     """
-    from .._event import Event
-    from ._context import context
-
-    ctx = context(rt)
+    ctx = rt._torch_context or context(rt)
     s = ctx.current_stream() if stream is None else stream
-    if isinstance(work, Event):
+    if type(work) is Run:  # a training loop's every step: the check below, without its lookups
+        work.join(s)
+    elif isinstance(work, Event):
         s.wait(work)
     elif callable(getattr(work, "join", None)):
         work.join(s)
     else:
         raise TypeError(f"order_after takes a Run (anything with join(stream)) or an Event, not {type(work).__name__}")
-    ctx.order_host_after(work)
+    if ctx.host_computes:
+        ctx.order_host_after(work)
 
 
 provide("as_torch_stream", as_torch_stream)  # a foreign wait on a torch.distributed Work (streamrt._interop)
