@@ -70,6 +70,11 @@ def test_a_run_names_itself_and_refuses_bad_questions(rt: srt.Runtime) -> None:
         run.host_result("nope")
     with pytest.raises(TypeError, match="join takes a Stream"):
         run.join("stream")  # type: ignore[arg-type]
+    other = rt.create_stream()
+    run.join(other)  # done: nothing to wait for
+    other.close()
+    with pytest.raises(srt.ClosedError):
+        run.join(other)  # a closed stream is refused, done or not
 
 
 def test_fork_runs_the_round_trip_on_a_side_stream(rt: srt.Runtime) -> None:
