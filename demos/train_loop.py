@@ -17,8 +17,8 @@ Variants (same data, same initial weights, same optimizer, so the same losses):
     seed's workspace prepare pipeline (:mod:`streamrt.recipes.fmha_bwd`) runs
     every step on the step's ``cu_seqlens`` (``Config.prepare_strategy``, "fork" by default: the
     D2H -> pack -> H2D chain on a side stream; the pack a native host function where the C pack
-    was built, so it takes no GIL from the loop; ``Config.deferred_prepare``: its backend calls made
-    by the runtime's submission thread), and every ``verify_every`` steps the metadata it
+    was built, so it takes no GIL from the loop; with ``Config.deferred_prepare``, the default, its
+    backend calls are made by the runtime's submission thread), and every ``verify_every`` steps the metadata it
     produced is fetched asynchronously and checked against the numpy oracle.
     Nothing in the loop waits for the GPU (on the simulator, where CPU torch
     computes on the host, hand-offs wait on the host instead of a stream).

@@ -49,7 +49,7 @@ class Config:
     depth: int = 2
     prefetch_group: int = 8
     prepare_strategy: str = "fork"  # how (b) and (c) launch the prepare ("fork" or "fork_graph")
-    deferred_prepare: bool = False  # "fork" only: the prepare's calls made by the runtime's submission thread
+    deferred_prepare: bool = True  # "fork" only: the prepare's calls made by the runtime's submission thread
     verify_every: int = 10
     warmup: int = 3
     prepare: bool = True
