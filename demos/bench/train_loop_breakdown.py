@@ -148,8 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default=None, choices=sorted(SIZES), help="model size (default s; xs on cpu)")
     ap.add_argument("--steps", type=int, default=None, help="steps timed per run (default 60; 5 on cpu)")
-    ap.add_argument("--warmup", type=int, default=None, help="steps before the timed ones, not counted (default 80: past the first 64 launches per stream, "
-        "which create the tail events a lazy completion lane holds before it retires them; 1 on cpu)")
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="steps before the timed ones, not counted (default 80: past a stream's first 64 launches, which create "
+        "the tail events that a lazy completion lane holds until it retires them; 1 on cpu)",
+    )
     ap.add_argument("--device", default=None, choices=("cuda", "cpu"), help="torch's device (default: cpu with --backend sim, else cuda; cpu: the simulator runs (b))")
     ap.add_argument("--backend", default=None, help="streamrt backend of (b) (default: auto on cuda, sim on cpu)")
     ap.add_argument("--passes", type=int, default=2, help="passes of (a) and (b) (default 2; the first is a warm-up of the process)")
