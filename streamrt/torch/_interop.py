@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 from .._buffer import DEVICE, PAGEABLE, Buffer
 from .._event import Event
 from .._extensions import provide
-from .._pipeline import Run
 from .._stream import Stream
 from ._context import context
 from ._lazy import is_tensor, torch_module
@@ -209,16 +208,14 @@ def order_after(rt: Runtime, work: Any, stream: Stream | None = None) -> None:
     """
     ctx = rt._torch_context or context(rt)
     s = ctx.current_stream() if stream is None else stream
-    if type(work) is Run:  # a training loop's every step: the check below, without its lookups
-        work.join(s)
-    elif isinstance(work, Event):
+    if isinstance(work, Event):
         s.wait(work)
-    elif callable(getattr(work, "join", None)):
-        work.join(s)
     else:
-        raise TypeError(f"order_after takes a Run (anything with join(stream)) or an Event, not {type(work).__name__}")
-    if ctx.host_computes:
-        ctx.order_host_after(work)
+        join = getattr(work, "join", None)
+        if not callable(join):
+            raise TypeError(f"order_after takes a Run (anything with join(stream)) or an Event, not {type(work).__name__}")
+        join(s)
+    ctx.order_host_after(work)
 
 
 provide("as_torch_stream", as_torch_stream)  # a foreign wait on a torch.distributed Work (streamrt._interop)
