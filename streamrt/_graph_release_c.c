@@ -1,5 +1,8 @@
-/* _graph_release_c.c: the native destructor of the user objects that tie streamrt's keepalives to a
- * graph another library owns (torch.cuda.graph, CuPy, cuda.core, raw begin-capture).
+/* _graph_release_c.c: native functions the driver runs on its own threads for streamrt.
+ *
+ * The destructor of the user objects that tie streamrt's keepalives to a graph another library owns
+ * (torch.cuda.graph, CuPy, cuda.core, raw begin-capture), and the wait that holds a stream for a
+ * Python host call (streamrt/_native.py).
  *
  * The driver calls a user object's destructor on one of its own threads once the graph and every
  * executable graph instantiated from it are destroyed (and their launches have finished). That
@@ -8,8 +11,14 @@
  * semaphore; a runtime thread blocked in take() (GIL released) pops every token and hands the
  * releases to the runtime's releaser thread (streamrt/_graph_release.py).
  *
+ * The hold. A Python host call holds its stream with a host function that waits on a semaphore until
+ * the worker has run the Python function. A signal delivered to the driver's thread interrupts
+ * sem_wait (EINTR, whatever SA_RESTART says), and libc's sem_wait as the host function would then let
+ * the stream go on before the Python function ran. streamrt_sem_hold waits again instead.
+ *
  * Exports:
  *   DESTRUCTOR_ADDRESS  the address of void streamrt_graph_release(void *token)
+ *   HOLD_ADDRESS        the address of void streamrt_sem_hold(void *sem_t_pointer)
  *   token(id) -> int    a new token carrying the 64-bit id (malloc; freed by take or discard)
  *   discard(token)      free a token that was never handed to a driver
  *   take(timeout)       wait up to timeout seconds (None: forever) for released tokens; their ids
@@ -39,6 +48,12 @@ static void streamrt_graph_release(void *token) {
         node->next = head;
     } while (!__atomic_compare_exchange_n(&released_head, &head, node, 1, __ATOMIC_RELEASE, __ATOMIC_RELAXED));
     sem_post(&released_sem);
+}
+
+/* Runs on a driver thread: waits on the semaphore, through signals. */
+static void streamrt_sem_hold(void *sem) {
+    while (sem_wait((sem_t *)sem) != 0 && errno == EINTR) {
+    }
 }
 
 static PyObject *token_new(PyObject *self, PyObject *arg) {
@@ -127,7 +142,7 @@ static PyMethodDef release_methods[] = {
 
 static struct PyModuleDef release_module = {
     PyModuleDef_HEAD_INIT, "_graph_release_c",
-    "The native destructor of user objects retained by foreign graphs, and the queue it feeds.", -1,
+    "Native functions driver threads run: the user-object destructor (and the queue it feeds), the stream hold.", -1,
     release_methods, NULL, NULL, NULL, NULL,
 };
 
@@ -138,7 +153,8 @@ PyMODINIT_FUNC PyInit__graph_release_c(void) {
     }
     PyObject *m = PyModule_Create(&release_module);
     if (m == NULL) return NULL;
-    if (PyModule_AddObject(m, "DESTRUCTOR_ADDRESS", PyLong_FromVoidPtr((void *)&streamrt_graph_release)) < 0) {
+    if (PyModule_AddObject(m, "DESTRUCTOR_ADDRESS", PyLong_FromVoidPtr((void *)&streamrt_graph_release)) < 0 ||
+        PyModule_AddObject(m, "HOLD_ADDRESS", PyLong_FromVoidPtr((void *)&streamrt_sem_hold)) < 0) {
         Py_DECREF(m);
         return NULL;
     }

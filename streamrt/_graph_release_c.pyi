@@ -1,5 +1,6 @@
 # Types of the C module built from _graph_release_c.c (the Python side: _graph_release.py).
 DESTRUCTOR_ADDRESS: int
+HOLD_ADDRESS: int
 
 def token(id: int, /) -> int: ...
 def discard(token: int, /) -> None: ...

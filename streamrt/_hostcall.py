@@ -7,10 +7,12 @@ How one Python host call runs (see :meth:`CompletionEngine.host_call`)::
     worker:   sem_wait(ready) -> pop head -> fn(*args) -> store outcome -> sem_post(done)
     lane:                                                    +-> resolve the Completion
 
-The driver (or simulator) callback thread only ever runs libc functions; it
+The driver (or simulator) callback thread only ever runs native functions; it
 never takes the GIL. The stream is held until the worker has run ``fn``, so
 later work on the stream still waits for ``fn``, exactly as with a host
-function run by the driver itself.
+function run by the driver itself. (The ``sem_wait(done)`` host function is
+:data:`~streamrt._native.HOLD_ADDRESS`: a wait that a signal delivered to the
+driver's thread does not end.)
 
 Signal holds (opt-in: ``stream_signals=True``, on a backend with
 ``Capabilities.supports_stream_signals``). The second host function is
@@ -95,7 +97,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ._native import SEM_POST_ADDRESS, SEM_WAIT_ADDRESS, Semaphore, tighten_timer_slack
+from ._native import HOLD_ADDRESS, SEM_POST_ADDRESS, Semaphore, tighten_timer_slack
 from ._switch_interval import switch_interval_guard
 
 if TYPE_CHECKING:
@@ -221,7 +223,7 @@ class _Worker:
         engine = self._engine
         backend.launch_host_func(stream, SEM_POST_ADDRESS, self._ready_address)
         engine._announce_host_work(fn)
-        backend.launch_host_func(stream, SEM_WAIT_ADDRESS, self._done_address)
+        backend.launch_host_func(stream, HOLD_ADDRESS, self._done_address)
 
     # -- bookkeeping -----------------------------------------------------------
     def _push(self, req: HostRequest) -> None:
@@ -450,7 +452,7 @@ class HostChannel(_Worker):
             if engine._host_work is not None:
                 engine._announce_host_work(fn)  # type: ignore[arg-type]
             if self.signal is None:
-                backend.launch_host_func(self.stream, SEM_WAIT_ADDRESS, self._done_address)
+                backend.launch_host_func(self.stream, HOLD_ADDRESS, self._done_address)
             else:
                 # Spent even if the wait fails to enqueue: the worker may already have
                 # stored it, and a later wait for the same value would pass too early.

@@ -14,6 +14,11 @@ This module provides:
   ``fn_ptr`` of :meth:`Backend.launch_host_func`. Both have the signature
   ``int fn(sem_t*)``; called as ``void fn(void*)`` the return value is ignored,
   which is ABI-compatible on every platform we support.
+* :data:`HOLD_ADDRESS`: the host function that holds a stream on a semaphore.
+  libc ``sem_wait`` returns early when a signal handler runs on the waiting
+  thread (``EINTR``, whatever ``SA_RESTART`` says), which would let the stream
+  go on; the C extension ``streamrt._graph_release_c`` has a wait that waits
+  again instead. Without the extension it is libc ``sem_wait``.
 * :class:`Semaphore`: one unnamed, process-private POSIX semaphore.
 * :func:`tighten_timer_slack`: for runtime threads that wait for the GIL.
 
@@ -40,6 +45,7 @@ import threading
 import time
 
 __all__ = [
+    "HOLD_ADDRESS",
     "SEM_POST_ADDRESS",
     "SEM_T_SIZE",
     "SEM_WAIT_ADDRESS",
@@ -125,6 +131,18 @@ if _libc is not None and _libc_gil is not None:
 else:  # pragma: no cover - exercised only off Linux
     SEM_POST_ADDRESS = 0
     SEM_WAIT_ADDRESS = 0
+
+
+def _hold_address() -> int:
+    try:
+        from ._graph_release_c import HOLD_ADDRESS as address
+    except ImportError:  # built without its C extensions: a signal on the driver's thread ends a hold early
+        return SEM_WAIT_ADDRESS
+    return address
+
+
+#: Address of a ``void hold(sem_t*)`` that waits on the semaphore through signals (see the module docstring).
+HOLD_ADDRESS: int = _hold_address()
 
 _PR_SET_TIMERSLACK = 29  # linux/prctl.h
 #: Timer slack of runtime threads that wait for the GIL, in ns (Linux's default is 50 µs).

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from collections.abc import Callable
 
 from ._backends.protocol import MemcpyKind
-from ._native import SEM_POST_ADDRESS, SEM_WAIT_ADDRESS
+from ._native import HOLD_ADDRESS, SEM_POST_ADDRESS
 from ._ranges import Ranges, for_runtime
 from ._trace_labels import current_label, range_name
 
@@ -102,7 +102,7 @@ class TracingBackend:
                 inner.launch_host_func(stream, fn_ptr, user_data)  # raises: the op stays out of the trace
                 self._open[stream] = p
                 return
-        elif fn_ptr == SEM_WAIT_ADDRESS and stream in self._open:  # its hold
+        elif fn_ptr == HOLD_ADDRESS and stream in self._open:  # its hold
             inner.launch_host_func(stream, fn_ptr, user_data)
             self._tracer.host_call_end(self._open.pop(stream))
             return

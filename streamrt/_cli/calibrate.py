@@ -62,7 +62,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Callable, Sequence
 
 from .._backends.protocol import MemcpyKind
-from .._native import SEM_POST_ADDRESS, SEM_WAIT_ADDRESS, Semaphore
+from .._native import HOLD_ADDRESS, SEM_POST_ADDRESS, Semaphore
 from .._runtime import Runtime
 from .inputs import open_runtime_for, output_file
 from .progress import Progress
@@ -164,7 +164,7 @@ class _Bench:
         gate spun is run again behind a longer spin (up to 4 times).
         """
         if not self.kernel_gate:
-            self.b.launch_host_func(self.stream, SEM_WAIT_ADDRESS, self.gate.address)
+            self.b.launch_host_func(self.stream, HOLD_ADDRESS, self.gate.address)
             try:
                 body()
             finally:

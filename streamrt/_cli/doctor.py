@@ -303,7 +303,10 @@ def diagnose(*, backends: tuple[str, ...] = BACKEND_NAMES) -> DoctorReport:
 
     if release_unavailable() is not None:
         why = native_module_problem(RELEASE_MODULE) or f"{RELEASE_MODULE} did not load"
-        notes.append(f"work cannot be recorded into captures other libraries begin ({why}): it is refused with CaptureError; {rebuild}")
+        notes.append(
+            f"work cannot be recorded into captures other libraries begin ({why}): it is refused with CaptureError; "
+            f"and a Python host function's hold is libc sem_wait, which a signal on the driver's thread ends early; {rebuild}"
+        )
     from .._backends import _native_ops
 
     if not _native_ops.available():

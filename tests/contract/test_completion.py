@@ -8,6 +8,8 @@ hip alike; the engine-level details are covered in tests/unit/completion.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import signal
 import sys
 import threading
 import time
@@ -17,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 import streamrt as srt
-from streamrt._native import SEM_WAIT_ADDRESS, Semaphore
+from streamrt._native import HOLD_ADDRESS, SEM_WAIT_ADDRESS, Semaphore
 
 
 class _Gate:
@@ -139,6 +141,32 @@ async def test_host_func_exception_reaches_the_awaiter_and_the_stream_goes_on(rt
         await bad  # type: ignore[misc]
     assert await good == "after"  # type: ignore[misc]
     await s.wait_idle()
+
+
+@pytest.mark.skipif(HOLD_ADDRESS == SEM_WAIT_ADDRESS, reason="the signal-proof hold is in the C extension streamrt._graph_release_c (not built)")
+def test_a_signal_on_the_driver_thread_does_not_end_a_python_host_funcs_hold(rt: srt.Runtime) -> None:
+    """libc ``sem_wait`` returns on a signal (EINTR): as the hold it would let the stream go on early."""
+    s = rt.create_stream()
+    driver_thread: list[int] = []
+    where = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _p: driver_thread.append(threading.get_ident()))
+    s.launch_host_func(where)
+    s.synchronize()
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, _frame: caught.append(signum))
+    release = threading.Event()
+    try:
+        done = s.launch_host_func(release.wait, 30.0)
+        after = s.record()
+        time.sleep(0.05)  # the driver's thread is in the hold by now
+        signal.pthread_kill(driver_thread[0], signal.SIGUSR1)
+        time.sleep(0.05)
+        assert caught == [signal.SIGUSR1]  # the handler ran: the signal was delivered
+        assert not after.is_done and not done.is_done  # and the stream is still held
+    finally:
+        release.set()
+        s.synchronize()
+        signal.signal(signal.SIGUSR1, previous)
+    assert done.result() is True and after.is_done
 
 
 def test_completions_retire_in_stream_order(rt: srt.Runtime, gates: object) -> None:

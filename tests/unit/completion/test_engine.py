@@ -19,7 +19,7 @@ from _completion_helpers import FaultyBackend, Harness, InjectedFailure, wait_un
 from streamrt._backends.protocol import PointerKind
 from streamrt._completion import Completion, CompletionEngine
 from streamrt._errors import BackendError, CaptureError, ClosedError
-from streamrt._native import SEM_POST_ADDRESS, SEM_WAIT_ADDRESS, Semaphore
+from streamrt._native import HOLD_ADDRESS, SEM_POST_ADDRESS, Semaphore
 from streamrt._switch_interval import DEFAULT_SWITCH_INTERVAL
 
 
@@ -408,7 +408,7 @@ def test_a_call_whose_hold_fails_to_enqueue_never_runs_although_its_worker_was_w
     """The driver may post ``ready`` before the submit learns that the hold failed: the worker waits for the outcome."""
 
     # the hold fails after a while, in which the driver runs the call's sem_post(ready): the worker is woken
-    failing = InjectedFailure(harness.backend, "launch_host_func", when=lambda _s, fn, _ud: fn == SEM_WAIT_ADDRESS, delay=0.05)
+    failing = InjectedFailure(harness.backend, "launch_host_func", when=lambda _s, fn, _ud: fn == HOLD_ADDRESS, delay=0.05)
     engine = harness.engine(failing, stream_signals=False)
     s = harness.stream()
     ran: list[str] = []
