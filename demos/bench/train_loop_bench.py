@@ -80,6 +80,10 @@ SIZES = {
     # name: (d_model, n_layers, n_heads, seqs, max_seqlen, vocab)
     "xs": (32, 1, 2, 4, 16, 64),  # the demo's CI size: a functional check
     "s": (256, 2, 4, 16, 128, 512),  # the demo's FULL size
+    # between s and sm (GPU work per step 4.2, 5.3, 5.7 ms on the H200): where (a)'s GPU idles 25-60 %
+    "t1": (288, 2, 4, 18, 128, 576),
+    "t2": (320, 2, 5, 20, 128, 640),
+    "t3": (320, 2, 5, 22, 128, 640),
     "sm": (384, 2, 6, 28, 128, 768),  # GPU time near (a)'s host time: where (a)'s syncs serialize the two
     "m": (512, 2, 8, 32, 128, 1024),
     "l": (768, 4, 12, 32, 256, 1024),
