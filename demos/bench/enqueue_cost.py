@@ -119,7 +119,7 @@ class _RawTails:
 def _recompile_plans() -> None:
     """Drop every pipeline's launch plans (they hold the backend calls they bound)."""
     for obj in gc.get_objects():
-        if isinstance(obj, srt.Pipeline):
+        if issubclass(type(obj), srt.Pipeline):  # not isinstance: it reads __class__, which warns on some modules
             obj._plans = {}
 
 
