@@ -185,6 +185,9 @@ def test_a_group_never_blocks_and_close_drops_what_it_holds(
     emitted: list[int] = []
     logger = st.MetricsLogger(trt, lag=0, group=4, sink=lambda step, _v: emitted.append(step))
     losses = [on_device(trt, torch.tensor(float(i))) for i in range(10)]
+    # The group's torch.stack loaded before the hold: CUDA loads a kernel at its first launch (lazy
+    # loading), which may wait for the whole device, so a first stack behind the gate waits for it.
+    torch.stack(losses[:4])
     release = gate(st.current_stream(trt))
     with no_blocking_calls(monkeypatch):
         for step, loss in enumerate(losses):
