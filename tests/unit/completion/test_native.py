@@ -11,7 +11,7 @@ import pytest
 from _completion_helpers import wait_until
 
 from streamrt import _native
-from streamrt._native import SEM_POST_ADDRESS, SEM_WAIT_ADDRESS, TIMER_SLACK_NS, Semaphore, tighten_timer_slack
+from streamrt._native import HOLD_ADDRESS, SEM_POST_ADDRESS, SEM_WAIT_ADDRESS, TIMER_SLACK_NS, Semaphore, tighten_timer_slack
 
 pytestmark = pytest.mark.skipif(_native.native_unavailable_reason() is not None, reason=str(_native.native_unavailable_reason()))
 
@@ -23,6 +23,30 @@ def test_function_pointers_are_libc_sem_post_and_sem_wait() -> None:
     assert SEM_POST_ADDRESS == ctypes.cast(libc.sem_post, ctypes.c_void_p).value
     assert SEM_WAIT_ADDRESS == ctypes.cast(libc.sem_wait, ctypes.c_void_p).value
     assert SEM_POST_ADDRESS != SEM_WAIT_ADDRESS
+
+
+def test_the_hold_is_the_c_extensions_wait_where_it_is_built() -> None:
+    """Where the extension is built the hold is its signal-proof wait (a silent fallback to libc's would
+    leave the contract test that signals the driver's thread skipped), and it holds until a post."""
+    try:
+        from streamrt import _graph_release_c
+    except ImportError:
+        pytest.skip("streamrt._graph_release_c is not built: the hold is libc sem_wait")
+    assert HOLD_ADDRESS == _graph_release_c.HOLD_ADDRESS != SEM_WAIT_ADDRESS
+    sem = Semaphore(0)
+    hold = _HOST_FN(HOLD_ADDRESS)
+    t = threading.Thread(target=hold, args=(sem.address,))
+    try:
+        t.start()
+        time.sleep(0.02)
+        assert t.is_alive()
+        sem.post()
+        t.join(5)
+        assert not t.is_alive() and sem.value == 0
+    finally:
+        sem.post()
+        t.join(5)
+        sem.destroy()
 
 
 def test_post_then_wait_counts() -> None:
