@@ -149,7 +149,7 @@ def test_a_signal_on_the_driver_thread_does_not_end_a_python_host_funcs_hold(rt:
     s = rt.create_stream()
     driver_thread: list[tuple[int, int]] = []  # (its pthread id, its blocked-signal mask)
 
-    def where(_data: object) -> None:
+    def where(_data: object) -> None:  # Python on the driver's thread: fine in a test, never in streamrt
         with open("/proc/thread-self/status") as status:
             blocked = next(int(line.split()[1], 16) for line in status if line.startswith("SigBlk:"))
         driver_thread.append((threading.get_ident(), blocked))
