@@ -169,15 +169,13 @@ class ForkLaunchPlan:
                     held += 1
                     if side._closed:
                         side._check_open()
-                return self._launch_locked()
+                return self._launch_deferred() if self.deferred else self._launch_locked()
             finally:
                 for side in self.sides[:held]:
                     side._lock.release()
 
     def _launch_locked(self) -> Run:
-        """:meth:`launch` with the caller's, the pipeline's and the side streams' locks held."""
-        if self.deferred:
-            return self._launch_deferred()
+        """:meth:`launch` of a plan made here, with the caller's, the pipeline's and the side streams' locks held."""
         stream = self.stream
         pipeline = self.pipeline
         rt = stream._runtime
@@ -232,7 +230,7 @@ class ForkLaunchPlan:
         if stream._capture is not None:  # streamrt's own capture: recorded now, on this thread
             return launch_into_capture(pipeline, stream, *pipeline._validated())
         engine = stream._runtime._engine
-        submitter = engine.submitter()
+        submitter = engine._submitter or engine.submitter()
         chain = pipeline._chain
         prev = chain.last
         waits: list[tuple[int, int]] = []  # (side stream, event): the previous run's tails, waited for there
@@ -241,7 +239,9 @@ class ForkLaunchPlan:
             with prev._lock:
                 waits = [(side._handle, ev) for side in self.sides for src, ev in prev._tails if src is not side]
         pool = engine._pool
-        events = [pool.pop() if pool else engine._events.take() for _ in self.sides]
+        events = []  # a tail event per side stream, from the engine's pool
+        for _ in self.sides:
+            events.append(pool.pop() if pool else engine._events.take())
         work = self._deferred_work(waits, events)
         ticket = submitter.submit(work, len(work) - len(events))
         engine.defer_on(self.side_handles, ticket)
@@ -270,12 +270,13 @@ class ForkLaunchPlan:
                 program.record(ev, side._handle)
             return program
         backend = self.backend
-        return [
-            (_check_not_capturing, (backend, self.stream._handle)),
-            *((backend.stream_wait_event, w) for w in waits),
-            *self.steps,
-            *((backend.event_record, (ev, side._handle)) for side, ev in zip(self.sides, events)),
-        ]
+        steps: list[Any] = [(_check_not_capturing, (backend, self.stream._handle))]
+        for w in waits:
+            steps.append((backend.stream_wait_event, w))
+        steps += self.steps
+        for side, ev in zip(self.sides, events):
+            steps.append((backend.event_record, (ev, side._handle)))
+        return steps
 
     def _note_streams(self) -> None:
         for ev, on in self.records:

@@ -218,17 +218,23 @@ class Run(Completion):
         """Push the tails of a deferred launch, gated by its ticket (see ``_Lane``, "Order")."""
         ticket = deferred.ticket
         self.gate = ticket
-        self._tails = list(deferred.tails)
-        self._remaining = len(self._tails)
-        items: list[Any] = []
-        for stream, event in self._tails:
-            item: Any = self if not items else _Tail(self, event)
-            if item is self:
-                self.event = event
+        tails = self._tails = list(deferred.tails)
+        self._remaining = len(tails)
+        stream, self.event = tails[0]
+        if len(tails) == 1:  # (one side stream: the common case, pushed without building lists)
+            lane = stream._lane
+            self._lanes = (lane,)
+            lane.push(self)  # type: ignore[arg-type]  # a Run is its own tail's lane item
+            return
+        lanes = [stream._lane]
+        items: list[Any] = [self]
+        for stream, event in tails[1:]:
+            item = _Tail(self, event)
             item.gate = ticket
-            items.append((stream._lane, item))
-        self._lanes = tuple(lane for lane, _ in items)
-        for lane, item in items:
+            lanes.append(stream._lane)
+            items.append(item)
+        self._lanes = tuple(lanes)
+        for lane, item in zip(lanes, items):
             lane.push(item)
 
     def _submission_error(self) -> BaseException | None:

@@ -182,23 +182,30 @@ class WorkspacePrepare(PreparePlan):
         """The pinned staging block (seqstart q | seqstart k | metadata | result record)."""
         return self._staging
 
-    def launch(self, stream: Stream, strategy: str = "stream", **launch_options: Any) -> Run:
+    def launch(
+        self, stream: Stream, strategy: str = "stream", *, wait_for: str | Event | None = "stream", join: bool = True, deferred: bool = False
+    ) -> Run:
         """Enqueue one prepare (``"stream"``, ``"fork"`` or ``"fork_graph"``; non-blocking).
 
-        ``launch_options`` go to ``Pipeline.launch``. For ``"fork_graph"`` and the deterministic
-        ``"fork"``, which put the whole prepare on a pooled side stream, they are ``wait_for``
+        ``wait_for``, ``join`` and ``deferred`` are ``Pipeline.launch``'s. For ``"fork_graph"`` and the
+        deterministic ``"fork"``, which put the whole prepare on a pooled side stream: ``wait_for``
         (``"stream"``, the default: after the work enqueued on ``stream`` so far; an Event; or
         ``None``: at once) and ``join`` (default ``True``: ``stream`` waits for the prepare).
         ``"fork_graph"`` captures the prepare on its first launch, as :meth:`replay` does.
         ``deferred=True`` with ``join=False`` has the runtime's submission thread make a ``"fork"``
         launch's calls (docs/pipelines.md, "Deferred launches"); the others make them here.
         """
-        self._check_open()
+        if self._closed:
+            self._check_open()
         if strategy not in ("stream", "fork", "fork_graph"):
             raise ValueError(f"launch takes strategy 'stream', 'fork' or 'fork_graph', got {strategy!r} (use replay() or run_sync())")
         if strategy == "fork_graph" or (strategy == "fork" and self._params.deterministic):
-            return self._launch_aside(stream, graph=strategy == "fork_graph", **launch_options)
-        return self._pipeline.launch(stream, policy=strategy, **launch_options)
+            if deferred and strategy == "fork" and not join and (wait_for is None or wait_for == "stream"):
+                plan = self._pipeline._plans.get((stream, wait_for, False, True))  # compiled by an earlier launch
+                if plan is not None and plan.backend is stream._backend is stream._runtime._base_backend:
+                    return plan.launch()  # type: ignore[no-any-return]  # (Pipeline.launch's fast path, at once)
+            return self._launch_aside(stream, graph=strategy == "fork_graph", wait_for=wait_for, join=join, deferred=deferred)
+        return self._pipeline.launch(stream, policy=strategy, wait_for=wait_for, join=join, deferred=deferred)
 
     def _launch_aside(
         self, stream: Stream, *, graph: bool = False, wait_for: str | Event | None = "stream", join: bool = True, deferred: bool = False
