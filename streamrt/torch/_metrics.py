@@ -167,14 +167,6 @@ class _Grouped:
         self.copy: _GroupCopy | None = None
         self.offset = 0
 
-    def landed(self) -> bool:
-        copy = self.copy
-        return copy is not None and (copy.landing is None or copy.landing.landed())
-
-    def take(self, ctx: TorchContext) -> np.ndarray:
-        assert self.copy is not None
-        return self.copy.value(ctx, self.offset, self.shape)
-
     def drop(self, ctx: TorchContext) -> None:
         self.tensor = None
         if self.copy is not None:
@@ -194,7 +186,12 @@ class _Pending:
 
     def landed(self) -> bool:
         for part in self.parts:
-            if type(part) is not np.ndarray and not part.landed():
+            kind = type(part)
+            if kind is _Grouped:  # (inline: a group's later steps find its copy taken already)
+                copy = part.copy
+                if copy is None or copy.landing is not None and not copy.landing.landed():
+                    return False
+            elif kind is not np.ndarray and not part.landed():
                 return False
         return True
 
@@ -254,6 +251,7 @@ class MetricsLogger:
         self._held: list[_Grouped] = []  # values of the group not sent yet, in log order
         self._held_steps: list[_Pending] = []  # the steps they belong to
         self._checked: set[Any] = set()  # (dtype, device) of tensors known to be fit to copy out
+        self._tensor_type: Any = None  # the type of the last tensor logged alone (log's fast path)
         self._since_send = 0  # log calls since the last group was sent
         self._pending: collections.deque[_Pending] = collections.deque()
         self._records: list[tuple[int, Any]] = []
@@ -296,6 +294,15 @@ class MetricsLogger:
         if self._closed:
             raise ValueError("this MetricsLogger is closed")
         if self._group > 1:
+            if type(value) is self._tensor_type and not self._rt._closed:  # a loss again: held, checked once per kind
+                kind = (value.dtype, value.device)
+                if kind in self._checked:
+                    part = _Grouped(value.detach())
+                    self._held.append(part)
+                    entry = _Pending(int(step), None, [part], held=True)
+                    self._held_steps.append(entry)
+                    self._add_held(entry)
+                    return
             self._log_held(step, value)
             return
         if isinstance(value, Mapping):
@@ -410,7 +417,21 @@ class MetricsLogger:
         if held:
             self._held += held
             self._held_steps.append(entry)
-        self._append(entry)
+        if keys is None and held:
+            self._tensor_type = type(value)
+        self._add_held(entry)
+
+    def _add_held(self, entry: _Pending) -> None:
+        """Queue a step logged with ``group=``; send the held values every ``group``-th call, emit what is due."""
+        self._seq += 1
+        entry.seq = self._seq
+        pending = self._pending
+        pending.append(entry)
+        if len(pending) > self._max_pending:
+            self._max_pending = len(pending)
+        head = pending[0]
+        if not head.held and self._seq - head.seq >= self._lag:  # (else nothing is due: no _emit call)
+            self._emit()
         self._since_send += 1
         if self._since_send >= self._group:
             self._send()
@@ -499,7 +520,9 @@ class MetricsLogger:
         ctx = self._ctx
         values = []
         for part in head.parts:
-            values.append(_plain(part if type(part) is np.ndarray else part.take(ctx)))
+            kind = type(part)
+            arr = part if kind is np.ndarray else part.copy.value(ctx, part.offset, part.shape) if kind is _Grouped else part.take(ctx)
+            values.append(arr.item() if arr.size == 1 else arr)
         value: Any = values[0] if head.keys is None else dict(zip(head.keys, values))
         self._emitted += 1
         if delay is not None and delay > self._max_delay:
@@ -525,10 +548,6 @@ def _drop_all(ctx: TorchContext, pending: list[_Pending]) -> None:
         for part in head.parts:
             if type(part) is not np.ndarray:
                 part.drop(ctx)
-
-
-def _plain(arr: np.ndarray) -> Any:
-    return arr.item() if arr.size == 1 else arr
 
 
 def _format(name: str, value: Any) -> str:
