@@ -6,9 +6,9 @@ thread during one warm launch whose code lives in ``streamrt/`` or
 stands in for the driver, whose cost the host-time benchmarks measure). The
 pipeline is memset(acc) ∥ D2H(in → h_in) → Python host(h_in → h_out) → H2D(h_out → out),
 and the same without its host node; each is launched eagerly and as a captured
-graph, the one without it also as a deferred ``"fork"`` launch (its driver calls made by the
-submission thread: what the caller's thread pays is this bookkeeping alone), and so is the seed's
-workspace prepare launched deferred as the training demo launches it, and a single
+graph. Also counted: the pipeline without its host node as a deferred ``"fork"`` launch (the
+submission thread makes its driver calls, so the caller's thread pays this bookkeeping alone), the
+seed's workspace prepare launched deferred as the training demo launches it, and a single
 ``Stream.memset``.
 
     python demos/bench/count_calls.py [--json out.json] [--show eager]
@@ -151,6 +151,8 @@ def measure_deferred_prepare(rt: srt.Runtime, s: srt.Stream) -> list[str] | None
         run, calls = count(lambda: prep.launch(s, "fork", join=False, deferred=True))
         run.result(10)
     s.synchronize()
+    seq.release()
+    ws.release()
     return calls
 
 
