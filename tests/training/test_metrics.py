@@ -167,6 +167,8 @@ def test_a_value_that_cannot_be_copied_out_logs_nothing_in_a_group(trt: srt.Runt
     logger = st.MetricsLogger(trt, group=4, sink=None)
     logger.log(0, on_device(trt, torch.tensor(1.0)))
     bad = torch.zeros(2, dtype=torch.float8_e4m3fn)
+    with pytest.raises(TypeError, match="no numpy counterpart"):  # a tensor like the last one but its dtype: checked
+        logger.log(1, bad)
     with pytest.raises(TypeError, match="no numpy counterpart"):
         logger.log(1, {"loss": on_device(trt, torch.tensor(2.0)), "bad": bad})
     with pytest.raises(TypeError, match="not a future"):
