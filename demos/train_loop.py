@@ -16,7 +16,8 @@ Variants (same data, same initial weights, same optimizer, so the same losses):
     ``log_group`` steps out together, two steps after their group; the
     seed's workspace prepare pipeline (:mod:`streamrt.recipes.fmha_bwd`) runs
     every step on the step's ``cu_seqlens`` (``Config.prepare_strategy``, "fork" by default: the
-    D2H -> pack -> H2D chain on a side stream; the pack a native host function where the C pack
+    D2H -> pack -> H2D chain on a side stream, reading the ``cu_seqlens`` where the Prefetcher put
+    them; the pack a native host function where the C pack
     was built, so it takes no GIL from the loop; with ``Config.deferred_prepare``, the default, its
     backend calls are made by the runtime's submission thread), and every ``verify_every`` steps the metadata it
     produced is fetched asynchronously and checked against the numpy oracle.
@@ -193,7 +194,7 @@ def streamrt_steps(
         raise ValueError("variant (c) captures a CUDA graph: it needs --device cuda")
     variant = "c" if graph else "b"
     model, opt = build(cfg, device)
-    seq = st.device_empty(rt, cfg.seqs + 1, torch.int32)
+    seq = st.device_empty(rt, cfg.seqs + 1, torch.int32)  # the prepare's own seqstart: each launch reads the batch's
     seq.zero_()
     params, ws, prep = workspace(cfg, device, rt, seq)
     meta = ws[: params.metadata_region_bytes]  # the fetched metadata: one view for the whole loop
@@ -211,14 +212,19 @@ def streamrt_steps(
             if prep is not None:
                 current = st.current_stream(rt)
                 if prev is not None:
-                    # The previous prepare read `seq` and wrote the metadata: order torch after it
-                    # (one step later it has long finished: the wait costs nothing).
+                    # The previous prepare read its batch's cu_seqlens and wrote the metadata: order torch
+                    # after it (one step later it has long finished: the wait costs nothing).
                     prev_step, prev_run, prev_cu = prev
                     st.order_after(rt, prev_run, current)
                     if prev_step % cfg.verify_every == 0:
                         check.add(prev_step, prev_cu, st.fetch(rt, meta, current))
-                seq.copy_(batch["cu_seqlens"])
-                prev = (step, prep.launch(current, cfg.prepare_strategy, join=False, deferred=cfg.deferred_prepare), cu_host)
+                if cfg.prepare_strategy == "fork_graph":  # a captured prepare reads the buffer it was built with
+                    seq.copy_(batch["cu_seqlens"])
+                    run = prep.launch(current, "fork_graph", join=False)
+                else:  # it reads the batch's cu_seqlens where the Prefetcher put them (the Run keeps them)
+                    cu = st.tensor_buffer(rt, batch["cu_seqlens"])
+                    run = prep.launch(current, "fork", seqstart_q=cu, seqstart_k=cu, join=False, deferred=cfg.deferred_prepare)
+                prev = (step, run, cu_host)
             if stepper is None:
                 loss = span(rt, "fwd+bwd+step", train_step, model, opt, batch["tokens"], batch["targets"], batch["cu_seqlens"])
             elif step < cfg.warmup:

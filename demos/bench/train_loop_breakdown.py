@@ -11,8 +11,8 @@ charged that wait). In a pass, (a) and (b) run at once and take turns of
 * ``batch gen``: the demo's synthetic batch generator;
 * ``train_step``: torch's forward, backward and optimizer step;
 * (b) only: ``prefetch next`` (includes ``batch gen`` and ``prefetch stage``),
-  ``hand_off``, ``prepare launch``, ``logger.log``, ``fetch``, ``order_after``,
-  ``check.poll``;
+  ``hand_off``, ``tensor_buffer`` (the batch's ``cu_seqlens`` for the prepare), ``prepare launch``,
+  ``logger.log``, ``fetch``, ``order_after``, ``check.poll``;
 * (a) only: ``copy_``, ``item``.
 
 For (b) it also reports the runtime threads' work per step: completion-lane
@@ -125,7 +125,7 @@ def _runtime_thread_cpu() -> dict[str, float]:
 
 #: (b)'s pieces outside torch's step, none timed inside another ("prefetch stage" and "hand_off" run inside
 #: "prefetch next"; "item" only inside torch's optimizer step, on the CPU).
-_OUTSIDE = ("prefetch next", "prepare launch", "logger.log", "order_after", "fetch", "check.poll", "copy_")
+_OUTSIDE = ("prefetch next", "tensor_buffer", "prepare launch", "logger.log", "order_after", "fetch", "check.poll", "copy_")
 
 
 def _outside_the_step(totals: dict[str, float]) -> float:
@@ -190,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         (st.Prefetcher, "__next__", "prefetch next"),
         (st.Prefetcher, "_stage", "prefetch stage"),
         (_slots.Slots, "hand_off", "hand_off"),
+        (st, "tensor_buffer", "tensor_buffer"),
         (WorkspacePrepare, "launch", "prepare launch"),
         (st.MetricsLogger, "log", "logger.log"),
         (demo.MetadataCheck, "poll", "check.poll"),

@@ -24,6 +24,8 @@ side stream -- to the runtime's submission thread (:mod:`streamrt._submitter`)
 as one program; the launch returns once it is queued. The Run's tails are
 gated by the submission's ticket, and a call that fails on that thread is the
 Run's error (the calls before it run; the tail records are still made).
+A deferred launch may read other memory than a copy node's source, for that
+launch only (``sources``: see :meth:`ForkLaunchPlan.copy_step`).
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ class ForkLaunchPlan:
     """``pipeline`` compiled for ``"fork"`` launches from ``stream``. See the module docstring."""
 
     __slots__ = (
-        "__weakref__", "backend", "body", "check", "deferred", "events", "keep", "names", "pipeline", "program", "records",
+        "__weakref__", "backend", "body", "check", "deferred", "events", "keep", "names", "patched", "pipeline", "program", "records",
         "roots", "run_program", "run_streams", "side_handles", "sides", "steps", "stream", "streams", "tails", "template", "users",
         "wait_for",
     )
@@ -152,11 +154,25 @@ class ForkLaunchPlan:
         self.side_handles = tuple(side._handle for side in self.sides)
         # A deferred launch with nothing to wait for: the program with its tail records, their events set per launch
         self.template = None
+        self.patched: tuple[int, ...] = ()  # the template's copy steps whose source the last launch changed
         if deferred and self.program is not None:
             self.template = self._deferred_work([], [0] * len(self.sides))
 
-    def launch(self) -> Run:
-        """Enqueue the pipeline with the ``"fork"`` policy from the plan's stream; its :class:`Run`."""
+    def copy_step(self, node: str) -> int | None:
+        """The index of the copy step of the node named ``node``, for ``launch(sources=...)``; ``None``
+        where it has none (not a copy, an empty one, or not in this plan)."""
+        memcpy = self.backend.memcpy_async
+        for i, (name, (fn, _)) in enumerate(zip(self.names, self.steps)):
+            if name == node and fn == memcpy:
+                return i
+        return None
+
+    def launch(self, sources: tuple[tuple[int, Buffer], ...] = ()) -> Run:
+        """Enqueue the pipeline with the ``"fork"`` policy from the plan's stream; its :class:`Run`.
+
+        ``sources`` (a deferred plan only): ``(copy step, buffer)`` pairs; the step reads that buffer,
+        of at least the copy's bytes and the same kind as its source (the caller checks), instead of
+        its node's source in this launch, which keeps the buffer alive and notes its stream."""
         stream = self.stream
         pipeline = self.pipeline
         with stream._lock, pipeline._lock:
@@ -169,7 +185,11 @@ class ForkLaunchPlan:
                     held += 1
                     if side._closed:
                         side._check_open()
-                return self._launch_deferred() if self.deferred else self._launch_locked()
+                if self.deferred:
+                    return self._launch_deferred(sources)
+                if sources:
+                    raise ValueError("only a deferred plan takes sources")
+                return self._launch_locked()
             finally:
                 for side in self.sides[:held]:
                     side._lock.release()
@@ -222,11 +242,19 @@ class ForkLaunchPlan:
         chain.last = run
         return run
 
-    def _launch_deferred(self) -> Run:
+    def _launch_deferred(self, sources: tuple[tuple[int, Buffer], ...] = ()) -> Run:
         """A deferred launch: its calls queued on the submission thread as one program (module docstring)."""
         stream = self.stream
         pipeline = self.pipeline
         recheck(pipeline, self.roots, self.events)
+        keep = self.keep
+        if sources:
+            if stream._capture is not None:
+                raise ValueError("a launch with other sources cannot be recorded into a capture")
+            for _, b in sources:
+                if b._released:
+                    raise ValueError(f"pipeline {pipeline._name!r} was given a released buffer ({b!r})")
+            keep = (*keep, sources)
         if stream._capture is not None:  # streamrt's own capture: recorded now, on this thread
             return launch_into_capture(pipeline, stream, *pipeline._validated())
         engine = stream._runtime._engine
@@ -242,24 +270,38 @@ class ForkLaunchPlan:
         events = []  # a tail event per side stream, from the engine's pool
         for _ in self.sides:
             events.append(pool.pop() if pool else engine._events.take())
-        work = self._deferred_work(waits, events)
+        work = self._deferred_work(waits, events, sources)
         ticket = submitter.submit(work, len(work) - len(events))
         engine.defer_on(self.side_handles, ticket)
         self._note_streams()
+        for _, b in sources:  # (Buffer.note_stream, for every side stream)
+            root = b._base if b._base is not None else b
+            if root._streams is None:
+                root._streams = set(self.sides)
+            else:
+                root._streams.update(self.sides)
         deferred = Deferred(submitter, ticket, work, tuple(zip(self.sides, events)), self.names, 1 + len(waits))
-        run = Run(pipeline._name, "fork", self.run_streams, (), self.keep, engine, self.sides, deferred=deferred)
+        run = Run(pipeline._name, "fork", self.run_streams, (), keep, engine, self.sides, deferred=deferred)
         chain.last = run
         return run
 
-    def _deferred_work(self, waits: list[tuple[int, int]], events: list[int]) -> Any:
-        """One launch's calls: the capture check, ``waits``, the compiled steps, a tail record per side stream.
+    def _deferred_work(self, waits: list[tuple[int, int]], events: list[int], sources: tuple[tuple[int, Buffer], ...] = ()) -> Any:
+        """One launch's calls: the capture check, ``waits``, the compiled steps (their copies reading
+        ``sources``), a tail record per side stream.
 
         Without waits it is :attr:`template`, changed in place (the submitter copies what it is given)."""
         template = self.template
+        skip = 1 + len(waits)  # the calls before the compiled steps
         if template is not None and not waits:
             first = len(template) - len(events)
             for i, ev in enumerate(events):
                 template.set(first + i, 0, ev)
+            if sources or self.patched:
+                for step in self.patched:  # back to the node's own source
+                    template.set(skip + step, 1, self.steps[step][1][1])
+                for step, b in sources:
+                    template.set(skip + step, 1, b._ptr)
+                self.patched = tuple(step for step, _ in sources)
             return template
         if self.program is not None:
             program = Program().check_not_capturing(self.stream._handle)
@@ -268,12 +310,17 @@ class ForkLaunchPlan:
             program.extend(self.body)  # type: ignore[arg-type]
             for side, ev in zip(self.sides, events):
                 program.record(ev, side._handle)
+            for step, b in sources:
+                program.set(skip + step, 1, b._ptr)
             return program
         backend = self.backend
         steps: list[Any] = [(_check_not_capturing, (backend, self.stream._handle))]
         for w in waits:
             steps.append((backend.stream_wait_event, w))
         steps += self.steps
+        for step, b in sources:
+            fn, (dst, _, *rest) = steps[skip + step]
+            steps[skip + step] = (fn, (dst, b._ptr, *rest))
         for side, ev in zip(self.sides, events):
             steps.append((backend.event_record, (ev, side._handle)))
         return steps

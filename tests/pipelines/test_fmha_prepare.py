@@ -175,6 +175,144 @@ def test_a_deferred_fork_gives_the_same_image_with_its_calls_made_by_the_submiss
             prep.launch(env.s, "fork", deferred=True)
 
 
+SEQ_Q = np.array([5, 0, 200, 33, 1, 64])
+SEQ_K = np.array([40, 7, 0, 200, 1, 64])
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize(("strategy", "deferred"), [("stream", False), ("fork", False), ("fork", True)])
+def test_a_launch_reads_the_seqstart_it_is_given_and_the_next_one_its_own_again(
+    rt: srt.Runtime, strategy: str, deferred: bool, deterministic: bool, pack: str
+) -> None:
+    """``seqstart_q=``/``seqstart_k=``: the launch reads that memory (the seed's per-call seqstart pointers); a
+    later launch without them reads the buffers the prepare was built with."""
+    params = dataclasses.replace(PARAMS, deterministic=deterministic)
+    env = Setup(rt, params)
+    own_q, own_k = env.set_seqlens(SEQ_Q, SEQ_K, q_first=3)
+    n = 4 * (params.batch + 1)
+    given = [rt.device_allocator.allocate(n, stream=env.s) for _ in range(3)]
+    join = not deferred
+    with WorkspacePrepare(rt, params, env.q, env.k, env.ws, pack=pack) as prep:
+        prep.launch(env.s, strategy, join=join, deferred=deferred).join(env.s)  # compiles the plans
+        for i, buf in enumerate(given):
+            q = seqstart(np.roll(SEQ_Q, i), first=i)
+            upload(rt, env.s, q, dst=buf)
+            env.fill()
+            if i == 1:  # the same memory for both
+                run = prep.launch(env.s, strategy, seqstart_q=buf, seqstart_k=buf, join=join, deferred=deferred)
+                k = q
+            else:  # q only: k is the prepare's own
+                run = prep.launch(env.s, strategy, seqstart_q=buf, join=join, deferred=deferred)
+                k = download(rt, env.s, env.k).view(np.int32)
+            run.join(env.s)
+            run.result(10)
+            env.check(q, k)
+        assert np.array_equal(download(rt, env.s, env.q).view(np.int32), own_q)  # neither read nor written
+        own_q, own_k = env.set_seqlens(SEQ_K, SEQ_Q, q_first=1)
+        env.fill()
+        run = prep.launch(env.s, strategy, join=join, deferred=deferred)
+        run.join(env.s)
+        run.result(10)
+        env.check(own_q, own_k)
+        env.fill()
+        run = prep.launch(env.s, strategy, seqstart_k=given[0], join=join, deferred=deferred)
+        run.join(env.s)
+        run.result(10)
+        env.check(own_q, seqstart(SEQ_Q))
+    env.s.synchronize()
+    for buf in given:
+        buf.release()
+
+
+def test_launches_in_flight_read_each_its_own_seqstart(rt: srt.Runtime, pack: str) -> None:
+    """Deferred launches queued behind a held stream, alternately with and without ``seqstart_q=``: each reads
+    what it was given (the last one's image stays)."""
+    env = Setup(rt)
+    own_q, own_k = env.set_seqlens(SEQ_Q, SEQ_K)
+    given = rt.device_allocator.allocate(4 * (PARAMS.batch + 1), stream=env.s)
+    other_q = seqstart(SEQ_K, first=9)
+    upload(rt, env.s, other_q, dst=given)
+    with WorkspacePrepare(rt, PARAMS, env.q, env.k, env.ws, pack=pack) as prep:
+        prep.launch(env.s, "fork", join=False, deferred=True).join(env.s)
+        for last_given in (True, False):
+            gate = Gate()
+            env.s.launch_host_func(gate)
+            try:
+                runs = [prep.launch(env.s, "fork", seqstart_q=given if i % 2 == last_given else None, join=False, deferred=True)
+                        for i in range(4)]
+            finally:
+                gate.open()
+            for run in runs:
+                run.join(env.s)
+                run.result(10)
+            # (the metadata: each launch zeroed the dq_acc prefix its own seqlens use)
+            assert np.array_equal(env.metadata(), reference_metadata(PARAMS, other_q if last_given else own_q, own_k))
+    env.s.synchronize()
+    given.release()
+
+
+def test_seqstart_released_after_the_launch_is_not_reused_before_the_prepare_read_it(rt: srt.Runtime, pack: str) -> None:
+    """The launch notes the given memory's streams: released at once, the allocator keeps it until the prepare
+    (behind a held stream) has read it."""
+    env = Setup(rt)
+    own_q, own_k = env.set_seqlens(SEQ_Q, SEQ_K)
+    n = 4 * (PARAMS.batch + 1)
+    with WorkspacePrepare(rt, PARAMS, env.q, env.k, env.ws, pack=pack) as prep:
+        prep.launch(env.s, "fork", join=False, deferred=True).join(env.s)
+        other = rt.create_stream()
+        given = rt.device_allocator.allocate(n)
+        q = seqstart(SEQ_K, first=2)
+        upload(rt, other, q, dst=given)
+        other.synchronize()  # only the launch keeps it from reuse now
+        env.fill()
+        gate = Gate()
+        env.s.launch_host_func(gate)
+        try:
+            run = prep.launch(env.s, "fork", seqstart_q=given, join=False, deferred=True)
+            given.release()
+            reused = [rt.device_allocator.allocate(n) for _ in range(4)]
+            for b in reused:
+                other.memset(b, 0xFF)
+        finally:
+            gate.open()
+        run.join(env.s)
+        run.result(10)
+        env.check(q, own_k)
+    other.synchronize()
+    for b in reused:
+        b.release()
+    other.close()
+
+
+def test_bad_seqstart_for_one_launch_raises_and_enqueues_nothing(rt: srt.Runtime) -> None:
+    env = Setup(rt)
+    env.set_seqlens(SEQ_Q, SEQ_K)
+    small = rt.device_allocator.allocate(16)
+    host = rt.host_allocator.allocate(64)
+    with WorkspacePrepare(rt, PARAMS, env.q, env.k, env.ws) as prep:
+        prep.launch(env.s, "fork").result(10)
+        before = prep.pipeline._chain.last
+        cases = [
+            ("batch \\+ 1", {"seqstart_q": small}),
+            ("overlaps the workspace", {"seqstart_k": env.ws.view(64, 28)}),
+            ("device memory", {"seqstart_q": host}),
+            ("wait_for='stream'", {"seqstart_q": env.k, "wait_for": None}),
+        ]
+        for match, kwargs in cases:
+            with pytest.raises(ValueError, match=match):
+                prep.launch(env.s, "fork", **kwargs)
+        with pytest.raises(ValueError, match="captured prepare"):
+            prep.launch(env.s, "fork_graph", seqstart_q=env.k)
+        with srt.open_runtime("sim") as other:
+            foreign = other.device_allocator.allocate(64)
+            with pytest.raises(ValueError, match="another runtime"):
+                prep.launch(env.s, "fork", seqstart_q=foreign)
+            foreign.release()
+        assert prep.pipeline._chain.last is before  # nothing was launched
+    small.release()
+    host.release()
+
+
 def test_the_deterministic_fork_keeps_its_side_stream_per_callers_stream_until_close(rt: srt.Runtime) -> None:
     """Launches from one stream reuse one side stream (its launch plan stays compiled); close gives it back."""
     params = dataclasses.replace(PARAMS, deterministic=True)

@@ -29,7 +29,7 @@ def test_streamrt_python_calls_per_warm_launch_meet_the_lean_core_goals() -> Non
     counts = _count_calls_module()
     rows = counts.measure()
     if not native_pack_available():  # the prepare's Python pack is a Python host node: no deferred launch to count
-        rows["deferred prepare"] = []
+        rows["deferred prepare"] = rows["deferred prepare, seqstart given"] = []
     for name, goal in counts.GOALS.items():
         assert len(rows[name]) <= goal, (name, len(rows[name]), rows[name])
 

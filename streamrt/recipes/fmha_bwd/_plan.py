@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from ..._runtime import Runtime
     from ..._stream import Stream
 
-__all__ = ["PreparePlan", "prepare_buffers"]
+__all__ = ["PreparePlan", "check_seqstart", "prepare_buffers"]
 
 
 def prepare_buffers(rt: Runtime, params: Any, seqstart_q: Any, seqstart_k: Any, workspace: Any) -> tuple[Buffer, Buffer, Buffer]:
@@ -28,22 +28,32 @@ def prepare_buffers(rt: Runtime, params: Any, seqstart_q: Any, seqstart_k: Any, 
     """
     if not isinstance(params, WorkspaceParams):
         raise TypeError(f"params must be WorkspaceParams, not {type(params).__name__}")
-    q, k, ws = rt.as_buffer(seqstart_q), rt.as_buffer(seqstart_k), rt.as_buffer(workspace)
-    for what, buf in (("seqstart_q", q), ("seqstart_k", k), ("workspace", ws)):
-        if buf.kind != DEVICE:
-            raise ValueError(f"{what} must be device memory, got {buf.kind}")
-    seq_bytes = 4 * (params.batch + 1)
-    for what, buf in (("seqstart_q", q), ("seqstart_k", k)):
-        if buf.nbytes < seq_bytes:
-            raise ValueError(f"{what} has {buf.nbytes} bytes; batch + 1 int32 need {seq_bytes}")
+    ws = rt.as_buffer(workspace)
+    if ws.kind != DEVICE:
+        raise ValueError(f"workspace must be device memory, got {ws.kind}")
     if ws.nbytes < params.workspace_bytes:
         raise ValueError(f"workspace has {ws.nbytes} bytes; workspace_size(params) is {params.workspace_bytes}")
     if ws.ptr % 16:
         raise ValueError(f"the workspace must be 16-byte aligned, got address {ws.ptr:#x}")
-    for what, buf in (("seqstart_q", q), ("seqstart_k", k)):
-        if buf.ptr < ws.ptr + params.workspace_bytes and ws.ptr < buf.ptr + seq_bytes:
-            raise ValueError(f"{what} overlaps the workspace the prepare writes")
-    return q.view(0, seq_bytes), k.view(0, seq_bytes), ws.view(0, params.workspace_bytes)
+    ws = ws.view(0, params.workspace_bytes)
+    seq_bytes = 4 * (params.batch + 1)
+    q = check_seqstart(rt.as_buffer(seqstart_q), "seqstart_q", seq_bytes, ws)
+    k = check_seqstart(rt.as_buffer(seqstart_k), "seqstart_k", seq_bytes, ws)
+    return q.view(0, seq_bytes), k.view(0, seq_bytes), ws
+
+
+def check_seqstart(buf: Buffer, what: str, seq_bytes: int, workspace: Buffer) -> Buffer:
+    """``buf``, checked as seqstart that a prepare of ``workspace`` reads: ``ValueError`` for memory of another
+    runtime, host memory, fewer than ``seq_bytes`` or an overlap with the workspace."""
+    if buf._runtime is not workspace._runtime:
+        raise ValueError(f"{what} belongs to another runtime than the workspace")
+    if buf._kind != DEVICE:
+        raise ValueError(f"{what} must be device memory, got {buf._kind}")
+    if buf._nbytes < seq_bytes:
+        raise ValueError(f"{what} has {buf._nbytes} bytes; batch + 1 int32 need {seq_bytes}")
+    if buf._ptr < workspace._ptr + workspace._nbytes and workspace._ptr < buf._ptr + seq_bytes:
+        raise ValueError(f"{what} overlaps the workspace the prepare writes")
+    return buf
 
 
 class PreparePlan:

@@ -64,13 +64,14 @@ from ..._pipeline import Pipeline
 from ..._pipeline import Run, deferrable
 from ..._streampool import pool_for
 from . import _kernels
-from ._plan import PreparePlan, prepare_buffers
+from ._plan import PreparePlan, check_seqstart, prepare_buffers
 from .layout import WorkspaceParams
 from .native import NativePack, native_pack_unavailable_reason
 from .reference import pack_into
 from .result import RESULT_BYTES, PrepareResult, WorkspaceInputError
 
 if TYPE_CHECKING:
+    from ..._pipeline._fork_plan import ForkLaunchPlan
     from ..._runtime import Runtime
     from ..._stream import Stream
 
@@ -126,7 +127,7 @@ class WorkspacePrepare(PreparePlan):
         if pack == "native" and native_pack_unavailable_reason() is not None:
             raise RuntimeError(f"pack='native' is not available: {native_pack_unavailable_reason()}")
         q, k, ws = prepare_buffers(rt, params, seqstart_q, seqstart_k, workspace)
-        prezero = library_for(rt).get("fmha_bwd_dq_acc_prezero") if params.deterministic else None
+        self._prezero = library_for(rt).get("fmha_bwd_dq_acc_prezero") if params.deterministic else None
         self._rt = rt
         self._asides: dict[Stream, tuple[Stream, Event, int]] = {}  # caller's stream -> (side stream, entry event, priority)
         self._aside_lock = threading.Lock()
@@ -143,8 +144,18 @@ class WorkspacePrepare(PreparePlan):
         self._arrays = (stage_q.numpy(np.int32), stage_k.numpy(np.int32), meta.numpy(np.uint8), self._record.numpy(np.uint8))
         self._dq_acc = ws.view(region, params.dq_acc_bound_bytes)
         self._meta_dev = ws.view(0, region)
+        self._ws = ws
         self._seq = (q, k)
         self._native = NativePack(params, stage_q.ptr, stage_k.ptr, meta.ptr, self._record.ptr) if pack == "native" else None
+        self._patch: tuple[ForkLaunchPlan | None, tuple[int | None, ...]] = (None, ())  # a deferred plan, its d2h steps
+        self._given: tuple[Pipeline, Buffer] | None = None  # the pipeline over a copy of given seqstart (_launch_reading)
+        super().__init__(params, self._build(params, q, k))
+
+    def _build(self, params: WorkspaceParams, q: Buffer, k: Buffer) -> Pipeline:
+        """The prepare's pipeline (5 nodes), reading seqstart from ``q`` and ``k``."""
+        stage_q, stage_k = self._stage
+        meta = self._meta_host
+        prezero = self._prezero
         p = Pipeline(f"fmha_bwd_prepare[batch={params.batch}]")
         if prezero is None:
             p.memset(self._dq_acc, 0, name="zero_dq_acc")
@@ -158,8 +169,9 @@ class WorkspacePrepare(PreparePlan):
             p.host(_pack, params, *self._arrays, reads=[stage_q, stage_k], writes=written, name="pack")
         p.copy(dst=self._meta_dev, src=meta, name="h2d_meta")
         if prezero is not None:
+            ws = self._ws
             count_offset, dq_offset, max_count = _kernels.prezero_args(params)
-            grid = _kernels.prezero_grid(params.dq_acc_bound_bytes, rt.capabilities.multiprocessor_count)
+            grid = _kernels.prezero_grid(params.dq_acc_bound_bytes, self._rt.capabilities.multiprocessor_count)
             # It reads offsets[batch], which h2d_meta writes: the edge is inferred.
             p.kernel(
                 prezero,
@@ -170,7 +182,7 @@ class WorkspacePrepare(PreparePlan):
                 writes=[self._dq_acc],
                 name="prezero",
             )
-        super().__init__(params, p)  # 5 nodes
+        return p
 
     @property
     def pack(self) -> str:
@@ -183,7 +195,15 @@ class WorkspacePrepare(PreparePlan):
         return self._staging
 
     def launch(
-        self, stream: Stream, strategy: str = "stream", *, wait_for: str | Event | None = "stream", join: bool = True, deferred: bool = False
+        self,
+        stream: Stream,
+        strategy: str = "stream",
+        *,
+        seqstart_q: Any = None,
+        seqstart_k: Any = None,
+        wait_for: str | Event | None = "stream",
+        join: bool = True,
+        deferred: bool = False,
     ) -> Run:
         """Enqueue one prepare (``"stream"``, ``"fork"`` or ``"fork_graph"``; non-blocking).
 
@@ -194,21 +214,83 @@ class WorkspacePrepare(PreparePlan):
         ``"fork_graph"`` captures the prepare on its first launch, as :meth:`replay` does.
         ``deferred=True`` with ``join=False`` has the runtime's submission thread make a ``"fork"``
         launch's calls (docs/pipelines.md, "Deferred launches"); the others make them here.
+
+        ``seqstart_q``, ``seqstart_k``: device memory (a Buffer, a tensor) that this launch reads
+        instead of the buffer the prepare was built with (which it neither reads nor writes), as the
+        seed's prepare takes its seqstart pointers per call. It needs ``wait_for="stream"`` and
+        ``"stream"`` or ``"fork"``; the Run keeps it alive. A deferred ``"fork"`` reads it where it is
+        (from its second such launch on a stream); the others copy it first, on ``stream``, into a
+        small device block of the prepare's. Raises ``ValueError`` before enqueuing anything for memory
+        that is not device memory of the runtime, is short, or overlaps the workspace.
         """
         if self._closed:
             self._check_open()
         if strategy not in ("stream", "fork", "fork_graph"):
             raise ValueError(f"launch takes strategy 'stream', 'fork' or 'fork_graph', got {strategy!r} (use replay() or run_sync())")
+        if seqstart_q is not None or seqstart_k is not None:
+            return self._launch_reading(stream, strategy, seqstart_q, seqstart_k, join, deferred, wait_for)
+        if deferred and strategy == "fork" and not join and (wait_for is None or wait_for == "stream"):
+            plan = self._pipeline._plans.get((stream, wait_for, False, True))  # compiled by an earlier launch
+            if plan is not None and plan.backend is stream._backend is stream._runtime._base_backend:
+                return plan.launch()  # type: ignore[no-any-return]  # (Pipeline.launch's fast path, at once)
+        return self._launch(self._pipeline, stream, strategy, wait_for, join, deferred)
+
+    def _launch(self, p: Pipeline, stream: Stream, strategy: str, wait_for: Any, join: bool, deferred: bool) -> Run:
+        """:meth:`launch` of ``p`` (this prepare's pipeline, or the one over given seqstart)."""
         if strategy == "fork_graph" or (strategy == "fork" and self._params.deterministic):
-            if deferred and strategy == "fork" and not join and (wait_for is None or wait_for == "stream"):
-                plan = self._pipeline._plans.get((stream, wait_for, False, True))  # compiled by an earlier launch
-                if plan is not None and plan.backend is stream._backend is stream._runtime._base_backend:
-                    return plan.launch()  # type: ignore[no-any-return]  # (Pipeline.launch's fast path, at once)
-            return self._launch_aside(stream, graph=strategy == "fork_graph", wait_for=wait_for, join=join, deferred=deferred)
-        return self._pipeline.launch(stream, policy=strategy, wait_for=wait_for, join=join, deferred=deferred)
+            return self._launch_aside(p, stream, graph=strategy == "fork_graph", wait_for=wait_for, join=join, deferred=deferred)
+        return p.launch(stream, policy=strategy, wait_for=wait_for, join=join, deferred=deferred)
+
+    def _launch_reading(self, stream: Stream, strategy: str, seqstart_q: Any, seqstart_k: Any, join: bool, deferred: bool, wait_for: Any) -> Run:
+        """:meth:`launch` with seqstart given: a second pipeline, ordered with the first, reads a device block
+        into which the memory given is copied on ``stream``; its compiled deferred plan reads the memory
+        given in place instead (its two copies' sources changed for the launch)."""
+        if strategy == "fork_graph":
+            raise ValueError("seqstart_q= and seqstart_k= take 'stream' or 'fork': a captured prepare reads the buffers it was built with")
+        if not (isinstance(wait_for, str) and wait_for == "stream"):
+            raise ValueError("seqstart_q= and seqstart_k= need wait_for='stream': the prepare reads them after the work on stream")
+        own_q, own_k = self._seq
+        n = own_q._nbytes
+        q = k = None
+        if seqstart_q is not None:
+            q = check_seqstart(seqstart_q if isinstance(seqstart_q, Buffer) else self._rt.as_buffer(seqstart_q), "seqstart_q", n, self._ws)
+        if seqstart_k is seqstart_q:
+            k = q
+        elif seqstart_k is not None:
+            k = check_seqstart(seqstart_k if isinstance(seqstart_k, Buffer) else self._rt.as_buffer(seqstart_k), "seqstart_k", n, self._ws)
+        if self._given is not None and deferred and not join and strategy == "fork" and stream._capture is None:
+            plan = self._given[0]._plans.get((stream, "stream", False, True))  # compiled by an earlier launch
+            if plan is not None and plan.backend is stream._backend is stream._runtime._base_backend:
+                known, steps = self._patch
+                if plan is not known:
+                    steps = (plan.copy_step("d2h_q"), plan.copy_step("d2h_k"))
+                    self._patch = (plan, steps)
+                sq, sk = steps
+                if sq is not None and sk is not None:  # both copies read the memory given, or the prepare's own
+                    return plan.launch(((sq, own_q if q is None else q), (sk, own_k if k is None else k)))
+        p, given = self._given or self._given_pipeline()
+        chain = p._chain
+        with stream.lock, chain.lock:  # no other launch of this prepare between the copies and the launch
+            if stream._capture is None and not stream._backend.stream_is_capturing(stream._handle):
+                chain.wait_previous((stream,))  # the previous prepare has read the copies
+            stream.copy(given.view(0, n), own_q if q is None else q, n)
+            stream.copy(given.view(n, n), own_k if k is None else k, n)
+            return self._launch(p, stream, strategy, "stream", join, deferred)
+
+    def _given_pipeline(self) -> tuple[Pipeline, Buffer]:
+        """The pipeline that reads seqstart from a device block of its own (given seqstart is copied there),
+        ordered with this prepare's runs: made on the first launch that needs it."""
+        n = self._seq[0]._nbytes
+        given = self._rt.device_allocator.allocate(2 * n)
+        p = self._build(self._params, given.view(0, n), given.view(n, n))
+        p._chain = self._pipeline._chain  # one order for both pipelines: they write the same staging and workspace
+        p._lock = p._chain.lock
+        self._given = (p, given)
+        return self._given
 
     def _launch_aside(
-        self, stream: Stream, *, graph: bool = False, wait_for: str | Event | None = "stream", join: bool = True, deferred: bool = False
+        self, p: Pipeline, stream: Stream, *, graph: bool = False, wait_for: str | Event | None = "stream", join: bool = True,
+        deferred: bool = False,
     ) -> Run:
         """The prepare on a pooled side stream: ``"fork"`` of the deterministic prepare, or any
         ``"fork_graph"`` (``graph``: the captured prepare replayed there). The deterministic pipeline
@@ -224,9 +306,9 @@ class WorkspacePrepare(PreparePlan):
             raise TypeError("wait_for must be 'stream', an Event or None")
         if deferred and join:
             raise ValueError("deferred=True needs join=False (nothing then waits on the caller's thread)")
-        if deferred and not graph and deferrable(self._pipeline, stream, wait_for):
+        if deferred and not graph and deferrable(p, stream, wait_for):
             # the chain on a side stream of its deferred plan, its calls made by the submission thread
-            return self._pipeline.launch(stream, policy="fork", wait_for=wait_for, join=False, deferred=True)
+            return p.launch(stream, policy="fork", wait_for=wait_for, join=False, deferred=True)
         with self._aside_lock:  # no other launch gives this side stream and event back meanwhile
             aside = self._asides.get(stream)
             if aside is None:
@@ -237,7 +319,7 @@ class WorkspacePrepare(PreparePlan):
                 side.wait(entry)
             elif isinstance(wait_for, Event):
                 side.wait(wait_for)
-            run = self.replay(side) if graph else self._pipeline.launch(side)
+            run = self.replay(side) if graph else p.launch(side)
             if join:
                 run.join(stream)
             return run
@@ -303,6 +385,10 @@ class WorkspacePrepare(PreparePlan):
     def _release(self) -> None:
         """Release the staging (its reuse waits for the streams that used it); give the side streams back."""
         self._staging.release()
+        self._patch = (None, ())
+        if self._given is not None:
+            self._given[1].release()
+            self._given = None
         with self._aside_lock:
             if not self._rt.is_closed:
                 for aside in self._asides.values():
