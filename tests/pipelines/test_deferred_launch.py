@@ -187,3 +187,73 @@ def test_a_burst_of_deferred_launches_runs_in_order_each_after_the_previous(rt: 
     s.synchronize()
     assert all(r.exception(10) is None for r in runs)
     assert (ha.numpy() == 1).all() and (hb.numpy() == 3).all()
+
+
+def test_a_deferred_plan_reads_the_source_given_for_one_launch_then_its_nodes_own(rt: srt.Runtime) -> None:
+    """``ForkLaunchPlan.launch(sources=...)``: a copy step reads another buffer in that launch only (the
+    recipe's seqstart given per launch); the launch notes the buffer's use on the side streams."""
+    s = rt.create_stream()
+    p, src, ha, hb = _branches(rt, s)
+    other = rt.device_allocator.allocate(N, stream=s)
+    staged = pinned(rt, N)
+    for buf, value in ((src, 5), (other, 7)):
+        staged.numpy()[:] = value
+        s.copy(buf, staged)
+        s.synchronize()
+    p.launch(s, policy="fork", join=False, deferred=True).result(10)  # compiles the plan
+    plan = p._plans[(s, "stream", False, True)]
+    step = plan.copy_step("d2h_src")
+    assert step is not None and plan.copy_step("d2h_a") is not None and plan.copy_step("nowhere") is None
+    for sources, expect in (((), 5), (((step, other),), 7), ((), 5), (((step, other),), 7), (((step, other),), 7), ((), 5)):
+        run = plan.launch(sources)
+        run.join(s)
+        s.synchronize()
+        run.result(10)
+        assert (hb.numpy() == expect).all() and (ha.numpy() == 1).all()
+    assert other._streams is not None and set(plan.sides) <= other._streams
+    with pytest.raises(ValueError, match="released"):
+        released = rt.device_allocator.allocate(N, stream=s)
+        released.release()
+        plan.launch(((step, released),))
+    other.release()
+
+
+def test_the_deferred_template_changes_a_copys_source_for_one_launch_only() -> None:
+    """The native program of a deferred plan (GPU backends), without a GPU: the copy step's source
+    word is the one given for a launch, and the node's own again in the next launch without one; a
+    launch that waits for the previous run gets a program of its own and leaves the template alone."""
+    from types import SimpleNamespace
+
+    from streamrt._backends import _native_ops
+    from streamrt._backends._native_ops import Program
+    from streamrt._pipeline._fork_plan import ForkLaunchPlan
+
+    if not _native_ops.available():
+        pytest.skip("streamrt._backends._launch_c is not built")
+    words = _native_ops._c.WORDS
+
+    def src_of(program: Program, call: int) -> int:
+        return int(program._words[call * words + 2])  # op, dst, src, ...
+
+    def memcpy(*args: object) -> None: ...
+
+    def host(*args: object) -> None: ...
+
+    side = 0x50
+    steps = ((memcpy, (0xD0, 0xA0, 64, 2, side)), (host, (side, 0xF0, 0)), (memcpy, (0xD1, 0xA1, 64, 2, side)))
+    program = Program().check_not_capturing(0x10).copy(0xD0, 0xA0, 64, 2, side).host(side, 0xF0, 0).copy(0xD1, 0xA1, 64, 2, side)
+    plan = object.__new__(ForkLaunchPlan)
+    plan.steps, plan.program, plan.body, plan.patched, plan.template = steps, program, program.after(1), (), None
+    plan.stream, plan.sides = SimpleNamespace(_handle=0x10), (SimpleNamespace(_handle=side),)
+    plan.template = plan._deferred_work([], [0])
+    given = SimpleNamespace(_ptr=0xB0)
+    work = plan._deferred_work([], [0xE1], ((2, given),))
+    assert work is plan.template and (src_of(work, 1), src_of(work, 3)) == (0xA0, 0xB0)
+    work = plan._deferred_work([], [0xE2])
+    assert (src_of(work, 1), src_of(work, 3)) == (0xA0, 0xA1)  # its own again
+    plan._deferred_work([], [0xE3], ((0, given),))
+    waited = plan._deferred_work([(side, 0xEE)], [0xE4], ((2, given),))  # check, wait, the steps, the record
+    assert waited is not plan.template and (src_of(waited, 2), src_of(waited, 4)) == (0xA0, 0xB0)
+    assert src_of(plan.template, 1) == 0xB0  # the last template launch's, until the template's next launch
+    work = plan._deferred_work([], [0xE5])
+    assert (src_of(work, 1), src_of(work, 3)) == (0xA0, 0xA1)
