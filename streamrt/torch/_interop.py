@@ -128,13 +128,13 @@ def tensor_buffer(rt: Runtime, tensor: Any) -> Buffer:
     ptr = int(tensor.data_ptr())
     dev = tensor.device
     if dev.type == "cuda":
-        if rt.capabilities.is_simulated:
+        if rt._capabilities.is_simulated:
             raise ValueError("a CUDA tensor cannot be used by a simulator runtime; use CPU tensors with the simulator")
         if dev.index != rt.device:
             raise ValueError(f"the tensor is on cuda:{dev.index}, the runtime on device {rt.device}")
         kind = DEVICE
     elif dev.type == "cpu":
-        kind = _KIND_OF_POINTER[rt.backend.pointer_kind(ptr).value] if ptr else PAGEABLE
+        kind = _KIND_OF_POINTER[rt._base_backend.pointer_kind(ptr).value] if ptr else PAGEABLE
     else:
         raise TypeError(f"tensors on {dev.type!r} cannot be used as streamrt Buffers")
     return Buffer(ptr, nbytes, kind, rt, owner=tensor)

@@ -4,6 +4,7 @@ reports the oracle's result, and zeroes what CK zeroes (the used prefix when det
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import numpy as np
 import pytest
@@ -528,6 +529,44 @@ def test_mixed_strategies_and_streams_in_flight_leave_no_race_in_the_simulator(p
                 late = prep.launch(env.s, "fork", join=False)
                 late.join(env.s)
                 runs.append(late)
+                given = prep.launch(other, "fork", seqstart_q=env.k, join=False, deferred=True)  # seqstart given
+                given.join(other)
+                runs.append(given)
+                runs.append(prep.launch(env.s, "stream", seqstart_k=env.q))
             for run in runs:
                 run.result(10)
         assert rt.backend.hazards() == ()  # type: ignore[attr-defined]
+
+
+def test_threads_launching_with_and_without_seqstart_given_neither_deadlock_nor_race(pack: str) -> None:
+    """Launches of one prepare from three threads, each on its own stream, with seqstart given and without,
+    eager and deferred: they finish, and the simulator's hazard checker sees no unordered access."""
+    rt = srt.open_runtime("sim", check_hazards=True)
+    env = Setup(rt)
+    env.set_seqlens(np.array([5, 0, 9, 2, 2, 2]), np.array([0, 3, 9, 2, 2, 2]))
+    env.s.synchronize()
+    errors: list[BaseException] = []
+    prep = WorkspacePrepare(rt, PARAMS, env.q, env.k, env.ws, pack=pack)
+
+    def launches(n: int) -> None:
+        s = rt.create_stream()
+        try:
+            for i in range(12):
+                seq = {"seqstart_q": env.k} if (i + n) % 2 else {}
+                run = prep.launch(s, "fork", join=False, deferred=i % 3 == n, **seq)
+                run.join(s)
+            s.synchronize()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=launches, args=(n,), daemon=True) for n in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    if any(t.is_alive() for t in threads):  # (the runtime stays open: closing it would wait for their locks)
+        pytest.fail("launches of one prepare deadlocked")
+    prep.close()
+    rt.close()
+    assert errors == []
+    assert rt.backend.hazards() == ()  # type: ignore[attr-defined]

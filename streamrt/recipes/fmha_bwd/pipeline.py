@@ -149,6 +149,7 @@ class WorkspacePrepare(PreparePlan):
         self._native = NativePack(params, stage_q.ptr, stage_k.ptr, meta.ptr, self._record.ptr) if pack == "native" else None
         self._patch: tuple[ForkLaunchPlan | None, tuple[int | None, ...]] = (None, ())  # a deferred plan, its d2h steps
         self._given: tuple[Pipeline, Buffer] | None = None  # the pipeline over a copy of given seqstart (_launch_reading)
+        self._given_lock = threading.Lock()
         super().__init__(params, self._build(params, q, k))
 
     def _build(self, params: WorkspaceParams, q: Buffer, k: Buffer) -> Pipeline:
@@ -268,14 +269,15 @@ class WorkspacePrepare(PreparePlan):
                 sq, sk = steps
                 if sq is not None and sk is not None:  # both copies read the memory given, or the prepare's own
                     return plan.launch(((sq, own_q if q is None else q), (sk, own_k if k is None else k)))
-        p, given = self._given or self._given_pipeline()
-        chain = p._chain
-        with stream.lock, chain.lock:  # no other launch of this prepare between the copies and the launch
-            if stream._capture is None and not stream._backend.stream_is_capturing(stream._handle):
-                chain.wait_previous((stream,))  # the previous prepare has read the copies
-            stream.copy(given.view(0, n), own_q if q is None else q, n)
-            stream.copy(given.view(n, n), own_k if k is None else k, n)
-            return self._launch(p, stream, strategy, "stream", join, deferred)
+        with self._given_lock:  # no other launch over the block between its copies and their launch
+            p, given = self._given or self._given_pipeline()
+            chain = p._chain
+            with stream.lock, chain.lock:
+                if stream._capture is None and not stream._backend.stream_is_capturing(stream._handle):
+                    chain.wait_previous((stream,))  # every earlier prepare has read the block
+                stream.copy(given.view(0, n), own_q if q is None else q, n)
+                stream.copy(given.view(n, n), own_k if k is None else k, n)
+            return self._launch(p, stream, strategy, "stream", join, deferred)  # (its locks taken in launch order)
 
     def _given_pipeline(self) -> tuple[Pipeline, Buffer]:
         """The pipeline that reads seqstart from a device block of its own (given seqstart is copied there),
