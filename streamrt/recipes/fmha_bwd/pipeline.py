@@ -152,12 +152,12 @@ class WorkspacePrepare(PreparePlan):
         self._given_lock = threading.Lock()
         super().__init__(params, self._build(params, q, k))
 
-    def _build(self, params: WorkspaceParams, q: Buffer, k: Buffer) -> Pipeline:
-        """The prepare's pipeline (5 nodes), reading seqstart from ``q`` and ``k``."""
+    def _build(self, params: WorkspaceParams, q: Buffer, k: Buffer, *, copies: bool = False) -> Pipeline:
+        """The prepare's pipeline (5 nodes), reading seqstart from ``q`` and ``k`` (``copies``: the block given seqstart is copied to)."""
         stage_q, stage_k = self._stage
         meta = self._meta_host
         prezero = self._prezero
-        p = Pipeline(f"fmha_bwd_prepare[batch={params.batch}]")
+        p = Pipeline(f"fmha_bwd_prepare[batch={params.batch}{', seqstart given' if copies else ''}]")
         if prezero is None:
             p.memset(self._dq_acc, 0, name="zero_dq_acc")
         d2h_q = p.copy(dst=stage_q, src=q, name="d2h_q")
@@ -242,7 +242,9 @@ class WorkspacePrepare(PreparePlan):
             return self._launch_aside(p, stream, graph=strategy == "fork_graph", wait_for=wait_for, join=join, deferred=deferred)
         return p.launch(stream, policy=strategy, wait_for=wait_for, join=join, deferred=deferred)
 
-    def _launch_reading(self, stream: Stream, strategy: str, seqstart_q: Any, seqstart_k: Any, join: bool, deferred: bool, wait_for: Any) -> Run:
+    def _launch_reading(
+        self, stream: Stream, strategy: str, seqstart_q: Any, seqstart_k: Any, join: bool, deferred: bool, wait_for: Any
+    ) -> Run:
         """:meth:`launch` with seqstart given: a second pipeline, ordered with the first, reads a device block
         into which the memory given is copied on ``stream``; its compiled deferred plan reads the memory
         given in place instead (its two copies' sources changed for the launch)."""
@@ -284,7 +286,7 @@ class WorkspacePrepare(PreparePlan):
         ordered with this prepare's runs: made on the first launch that needs it."""
         n = self._seq[0]._nbytes
         given = self._rt.device_allocator.allocate(2 * n)
-        p = self._build(self._params, given.view(0, n), given.view(n, n))
+        p = self._build(self._params, given.view(0, n), given.view(n, n), copies=True)
         p._chain = self._pipeline._chain  # one order for both pipelines: they write the same staging and workspace
         p._lock = p._chain.lock
         self._given = (p, given)
