@@ -301,7 +301,7 @@ class MetricsLogger:
                     self._held.append(part)
                     entry = _Pending(int(step), None, [part], held=True)
                     self._held_steps.append(entry)
-                    self._add_held(entry)
+                    self._append(entry)
                     return
             self._log_held(step, value)
             return
@@ -381,12 +381,20 @@ class MetricsLogger:
 
     # -- internals ---------------------------------------------------------------------------------
     def _append(self, entry: _Pending) -> None:
+        """Queue a step and emit what is due; with ``group=``, send the held values every ``group``-th call."""
         self._seq += 1
         entry.seq = self._seq
-        self._pending.append(entry)
-        if len(self._pending) > self._max_pending:
-            self._max_pending = len(self._pending)
-        self._emit()
+        pending = self._pending
+        pending.append(entry)
+        if len(pending) > self._max_pending:
+            self._max_pending = len(pending)
+        head = pending[0]
+        if not head.held and self._seq - head.seq >= self._lag:  # (else nothing is due: no _emit call)
+            self._emit()
+        if self._group > 1:
+            self._since_send += 1
+            if self._since_send >= self._group:
+                self._send()
 
     def _log_held(self, step: int, value: Any) -> None:
         """``log`` with ``group=``: hold the tensors; every ``group``-th call sends the held ones."""
@@ -419,22 +427,7 @@ class MetricsLogger:
             self._held_steps.append(entry)
         if keys is None and held:
             self._tensor_type = type(value)
-        self._add_held(entry)
-
-    def _add_held(self, entry: _Pending) -> None:
-        """Queue a step logged with ``group=``; send the held values every ``group``-th call, emit what is due."""
-        self._seq += 1
-        entry.seq = self._seq
-        pending = self._pending
-        pending.append(entry)
-        if len(pending) > self._max_pending:
-            self._max_pending = len(pending)
-        head = pending[0]
-        if not head.held and self._seq - head.seq >= self._lag:  # (else nothing is due: no _emit call)
-            self._emit()
-        self._since_send += 1
-        if self._since_send >= self._group:
-            self._send()
+        self._append(entry)
 
     def _send(self) -> None:
         """Copy the held values out: per (dtype, device), one tensor joined on the device and one copy."""
