@@ -156,6 +156,16 @@ class CompletionEngine(_HostCalls):
         with self._lock:
             return [*self._lanes.values(), *self._retiring]
 
+    def retire_ready(self) -> None:
+        """Retire, on the calling thread, the queued work of every lane that has completed. Never blocks.
+
+        One event query per lane with work queued: keepalives are dropped and
+        Completions resolve (done callbacks may run here), as a polling
+        :attr:`Completion.is_done` does for its own lanes. Any thread.
+        """
+        for lane in self._all_lanes():
+            lane.poll()
+
     def _fail_entries(self, entries: list[_Entry], error: BaseException) -> None:
         """Resolve entries taken from a failed lane with ``error`` (watchdog or pushing thread).
 

@@ -118,6 +118,12 @@ class Slots:
             if self._unused(candidate) and query(candidate.event._handle):
                 slot = candidate
                 break
+        else:
+            if free:
+                # A batch may be held only by finished streamrt work that a lazy lane has not retired yet
+                # (a Run's keepalive): retire that work here, rather than allocate while it waits.
+                self._rt._engine.retire_ready()
+                slot = self._reusable(free, query)
         if slot is not None:
             if slot is free[0]:
                 free.popleft()
@@ -149,6 +155,13 @@ class Slots:
             free.appendleft(slot)
             raise
         return slot
+
+    def _reusable(self, free: collections.deque[Slot], query: Any) -> Slot | None:
+        """The oldest free slot whose copy has landed and whose device memory nothing uses (``None``: none)."""
+        for candidate in free:
+            if self._unused(candidate) and query(candidate.event._handle):
+                return candidate
+        return None
 
     def _unused(self, slot: Slot) -> bool:
         """Nothing outside the Prefetcher refers to the slot's device memory (see the module docstring)."""

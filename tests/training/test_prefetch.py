@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (make test i
 from training_helpers import wait_until
 
 import streamrt.torch as st
+from streamrt.recipes.fmha_bwd import WorkspaceParams, WorkspacePrepare, native_pack_available, workspace_size
 from streamrt.torch._context import context
 
 
@@ -173,6 +174,33 @@ def test_a_batch_still_referenced_keeps_its_device_memory(trt: srt.Runtime) -> N
     assert np.all(_host(w.grad) == 3.0)
     assert pf.statistics().device_blocks >= 6  # the four held batches' memory, and the loop's own
     pf.close()
+
+
+@pytest.mark.parametrize("pack", ["python", pytest.param("native", marks=pytest.mark.skipif(not native_pack_available(), reason="the C pack was not built"))])
+def test_a_batch_held_only_by_finished_streamrt_work_gives_its_memory_back(trt: srt.Runtime, pack: str) -> None:
+    """A batch whose last reference is the keepalive of a launch that has finished on the device, but that
+    nobody has retired yet (here the workspace prepare that read the batch's cu_seqlens; a lazy lane retires
+    it later): the Prefetcher retires that work rather than allocate. Thirty batches take a few device
+    blocks, as a loop that drops its batches does, not one each."""
+    params = WorkspaceParams(
+        batch=4, nhead=2, hdim_q=16, kM0=32, kN0=32, num_cus=4, deterministic=True, max_seqlen_q=64, max_seqlen_k=64, total_q_padded=256
+    )
+    s = st.current_stream(trt)
+    ws = trt.device_allocator.allocate(workspace_size(params), stream=s)
+    seq = trt.device_allocator.allocate(4 * (params.batch + 1), stream=s)
+    s.memset(seq, 0)
+    batches = ({"cu_seqlens": torch.arange(params.batch + 1, dtype=torch.int32) * (i % 7), "step": i} for i in range(30))
+    with WorkspacePrepare(trt, params, seq, seq, ws, pack=pack) as prep, st.Prefetcher(batches, trt, depth=2) as pf:
+        for batch in pf:
+            given = st.tensor_buffer(trt, batch["cu_seqlens"])
+            prep.launch(s, "fork", seqstart_q=given, seqstart_k=given, join=False, deferred=True)
+            s.settle()
+            trt.backend.device_synchronize()  # finished on the device: nothing here retires it
+            time.sleep(0.001)  # a step's work
+        assert pf.statistics().device_blocks <= 8  # depth + 2, and a margin for a launch not finished yet
+    s.synchronize()
+    ws.release()
+    seq.release()
 
 
 @pytest.mark.parametrize("own_consumer", [True, False], ids=["own-stream", "torch-stream"])
