@@ -308,9 +308,13 @@ class Run(Completion):
         """Tail ``event`` retired (``0``: the constructor's own hold on the Run)."""
         with self._lock:
             if event:
-                if not any(ev == event for _, ev in self._tails):
+                tails = self._tails
+                for i, (_s, ev) in enumerate(tails):
+                    if ev == event:
+                        break
+                else:
                     return  # retired twice (a forced close gave it up first)
-                self._tails = [(s, ev) for s, ev in self._tails if ev != event]
+                self._tails = tails[:i] + tails[i + 1 :]  # a new list: readers iterate it without the lock
             self._remaining -= 1
             last = self._remaining == 0
             if error is not None and self._error is None:
