@@ -157,7 +157,9 @@ class Slots:
         return slot
 
     def _reusable(self, free: collections.deque[Slot], query: Any) -> Slot | None:
-        """The oldest free slot whose copy has landed and whose device memory nothing uses (``None``: none)."""
+        """The oldest free slot whose copy has landed and whose device memory nothing uses (``None``: none).
+
+        (:meth:`take`'s first look is this loop inline: one Python call less per batch.)"""
         for candidate in free:
             if self._unused(candidate) and query(candidate.event._handle):
                 return candidate
