@@ -16,7 +16,8 @@ charged that wait). In a pass, (a) and (b) run at once and take turns of
 * (a) only: ``copy_``, ``item``.
 
 For (b) it also reports the runtime threads' work per step: completion-lane
-batches (each a lane thread waking and taking the GIL) and the CPU time of
+batches (each a lane thread waking and taking the GIL, or a poll that retired
+work on the loop's thread: the Prefetcher's before it allocates) and the CPU time of
 streamrt's threads (lanes, workers, watchdog, releaser); and the Prefetcher's
 device blocks allocated per step (near 0 where its slots' memory is reused),
 and the sum of its main-thread pieces outside ``train_step`` and ``batch gen``.
