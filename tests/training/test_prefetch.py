@@ -198,7 +198,7 @@ def test_a_batch_held_only_by_finished_streamrt_work_gives_its_memory_back(trt: 
             s.settle()
             trt.backend.device_synchronize()  # finished on the device: nothing here retires it
             time.sleep(0.001)  # a step's work
-        assert pf.statistics().device_blocks <= 12  # depth + 2, and a margin (9 once on hip, run 149)
+        assert pf.statistics().device_blocks <= 15  # depth + 2 when nothing races it; 9 once on hip (run 149)
     s.synchronize()
     ws.release()
     seq.release()
