@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from ..._runtime import Runtime
     from ..._stream import Stream
 
-__all__ = ["PreparePlan", "check_seqstart", "prepare_buffers"]
+__all__ = ["PreparePlan", "prepare_buffers", "seqstart_buffer"]
 
 
 def prepare_buffers(rt: Runtime, params: Any, seqstart_q: Any, seqstart_k: Any, workspace: Any) -> tuple[Buffer, Buffer, Buffer]:
@@ -37,14 +37,16 @@ def prepare_buffers(rt: Runtime, params: Any, seqstart_q: Any, seqstart_k: Any, 
         raise ValueError(f"the workspace must be 16-byte aligned, got address {ws.ptr:#x}")
     ws = ws.view(0, params.workspace_bytes)
     seq_bytes = 4 * (params.batch + 1)
-    q = check_seqstart(rt.as_buffer(seqstart_q), "seqstart_q", seq_bytes, ws)
-    k = check_seqstart(rt.as_buffer(seqstart_k), "seqstart_k", seq_bytes, ws)
+    q = seqstart_buffer(rt, seqstart_q, "seqstart_q", seq_bytes, ws)
+    k = seqstart_buffer(rt, seqstart_k, "seqstart_k", seq_bytes, ws)
     return q.view(0, seq_bytes), k.view(0, seq_bytes), ws
 
 
-def check_seqstart(buf: Buffer, what: str, seq_bytes: int, workspace: Buffer) -> Buffer:
-    """``buf``, checked as seqstart that a prepare of ``workspace`` reads: ``ValueError`` for memory of another
-    runtime, host memory, fewer than ``seq_bytes`` or an overlap with the workspace."""
+def seqstart_buffer(rt: Runtime, value: Any, what: str, seq_bytes: int, workspace: Buffer) -> Buffer:
+    """``value`` (a Buffer, or memory ``rt.as_buffer`` takes) as a Buffer, checked as seqstart that a prepare
+    of ``workspace`` reads: ``ValueError`` for memory of another runtime, host memory, fewer than
+    ``seq_bytes`` or an overlap with the workspace."""
+    buf = value if isinstance(value, Buffer) else rt.as_buffer(value)
     if buf._runtime is not workspace._runtime:
         raise ValueError(f"{what} belongs to another runtime than the workspace")
     if buf._kind != DEVICE:

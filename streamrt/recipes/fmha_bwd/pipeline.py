@@ -64,7 +64,7 @@ from ..._pipeline import Pipeline
 from ..._pipeline import Run, deferrable
 from ..._streampool import pool_for
 from . import _kernels
-from ._plan import PreparePlan, check_seqstart, prepare_buffers
+from ._plan import PreparePlan, prepare_buffers, seqstart_buffer
 from .layout import WorkspaceParams
 from .native import NativePack, native_pack_unavailable_reason
 from .reference import pack_into
@@ -256,11 +256,11 @@ class WorkspacePrepare(PreparePlan):
         n = own_q._nbytes
         q = k = None
         if seqstart_q is not None:
-            q = check_seqstart(seqstart_q if isinstance(seqstart_q, Buffer) else self._rt.as_buffer(seqstart_q), "seqstart_q", n, self._ws)
+            q = seqstart_buffer(self._rt, seqstart_q, "seqstart_q", n, self._ws)
         if seqstart_k is seqstart_q:
             k = q
         elif seqstart_k is not None:
-            k = check_seqstart(seqstart_k if isinstance(seqstart_k, Buffer) else self._rt.as_buffer(seqstart_k), "seqstart_k", n, self._ws)
+            k = seqstart_buffer(self._rt, seqstart_k, "seqstart_k", n, self._ws)
         if self._given is not None and deferred and not join and strategy == "fork" and stream._capture is None:
             plan = self._given[0]._plans.get((stream, "stream", False, True))  # compiled by an earlier launch
             if plan is not None and plan.backend is stream._backend is stream._runtime._base_backend:
