@@ -174,7 +174,11 @@ class _Grouped:
 
 
 class _Pending:
+    """One logged step: its parts, until it is emitted."""
+
     __slots__ = ("held", "keys", "late", "parts", "seq", "step")
+
+    count = 1  # steps
 
     def __init__(self, step: int, keys: tuple[str, ...] | None, parts: list[Any], held: bool = False) -> None:
         self.step = step
@@ -204,6 +208,59 @@ class _Pending:
             if landing is not None and not landing.landed():
                 out.append(landing)
         return out
+
+    def take(self, ctx: TorchContext) -> list[tuple[int, Any]]:
+        """``[(step, value)]``, once landed; the staging goes back."""
+        values = []
+        for part in self.parts:
+            kind = type(part)
+            arr = part if kind is np.ndarray else part.copy.value(ctx, part.offset, part.shape) if kind is _Grouped else part.take(ctx)
+            values.append(arr.item() if arr.size == 1 else arr)
+        return [(self.step, values[0] if self.keys is None else dict(zip(self.keys, values)))]
+
+    def drop(self, ctx: TorchContext) -> None:
+        for part in self.parts:
+            if type(part) is not np.ndarray:
+                part.drop(ctx)
+
+
+class _Sent:
+    """A group of lone tensors of one kind and shape (``group=``'s usual case: a loss per step), sent in
+    one copy: one entry for all its steps, due and emitted together. Read as :class:`_Pending`."""
+
+    __slots__ = ("copy", "late", "seq", "shape", "steps")
+
+    held = False  # (sent)
+
+    def __init__(self, steps: list[int], shape: tuple[int, ...], copy: _Landing | np.ndarray, seq: int) -> None:
+        self.steps = steps
+        self.shape = shape  # each step's value
+        self.copy = copy  # the landing of the stacked values, or the array already on the host
+        self.seq = seq
+        self.late = False
+
+    @property
+    def count(self) -> int:
+        return len(self.steps)
+
+    def landed(self) -> bool:
+        copy = self.copy
+        return not isinstance(copy, _Landing) or copy.landed()
+
+    def in_flight(self) -> list[_Landing]:
+        copy = self.copy
+        return [copy] if isinstance(copy, _Landing) and not copy.landed() else []
+
+    def take(self, ctx: TorchContext) -> list[tuple[int, Any]]:
+        copy = self.copy
+        arr = copy.take(ctx) if isinstance(copy, _Landing) else copy
+        if math.prod(self.shape) == 1:  # a scalar per step: Python numbers, as .item() gives them
+            return list(zip(self.steps, arr.reshape(-1).tolist()))
+        return list(zip(self.steps, arr.reshape(len(self.steps), *self.shape)))
+
+    def drop(self, ctx: TorchContext) -> None:
+        if isinstance(self.copy, _Landing):
+            self.copy.drop(ctx)
 
 
 class MetricsLogger:
@@ -248,12 +305,19 @@ class MetricsLogger:
         self._stream = stream
         self._keep = keep
         self._group = group
-        self._held: list[_Grouped] = []  # values of the group not sent yet, in log order
+        # With group=: the steps not sent yet, in log order. Lone tensors of one kind (log's fast path) are
+        # ``_loose`` steps and tensors, sent as one _Sent; any other value first turns them into _Pending
+        # steps of ``_held`` _Grouped values (as every value was before).
+        self._loose: list[int] = []
+        self._loose_tensors: list[Any] = []
+        self._loose_kind: Any = None  # (dtype, device) of the last tensor logged alone, checked
+        self._held: list[_Grouped] = []
         self._held_steps: list[_Pending] = []  # the steps they belong to
         self._checked: set[Any] = set()  # (dtype, device) of tensors known to be fit to copy out
         self._tensor_type: Any = None  # the type of the last tensor logged alone (log's fast path)
         self._since_send = 0  # log calls since the last group was sent
-        self._pending: collections.deque[_Pending] = collections.deque()
+        self._pending: collections.deque[_Pending | _Sent] = collections.deque()  # sent or not grouped, in step order
+        self._steps = 0  # steps logged and not emitted: ``_pending``'s and ``_loose``'s
         self._records: list[tuple[int, Any]] = []
         self._seq = 0
         self._emitted = 0
@@ -279,7 +343,7 @@ class MetricsLogger:
     @property
     def pending(self) -> int:
         """Steps logged and not yet emitted."""
-        return len(self._pending)
+        return self._steps
 
     # -- logging ----------------------------------------------------------------------------
     def log(self, step: int, value: Any) -> None:
@@ -294,15 +358,21 @@ class MetricsLogger:
         if self._closed:
             raise ValueError("this MetricsLogger is closed")
         if self._group > 1:
-            if type(value) is self._tensor_type and not self._rt._closed:  # a loss again: held, checked once per kind
-                kind = (value.dtype, value.device)
-                if kind in self._checked:
-                    part = _Grouped(value.detach())
-                    self._held.append(part)
-                    entry = _Pending(int(step), None, [part], held=True)
-                    self._held_steps.append(entry)
-                    self._append(entry)
-                    return
+            # a loss again (a lone tensor of the kind checked last): held as a pair until its group is sent
+            if type(value) is self._tensor_type and (value.dtype, value.device) == self._loose_kind and not self._rt._closed:
+                self._loose.append(int(step))
+                self._loose_tensors.append(value.detach())
+                self._seq += 1
+                self._steps += 1
+                if self._steps > self._max_pending:
+                    self._max_pending = self._steps
+                pending = self._pending
+                if pending and not pending[0].held and self._seq - pending[0].seq >= self._lag:
+                    self._emit()
+                self._since_send += 1
+                if self._since_send >= self._group:
+                    self._send()
+                return
             self._log_held(step, value)
             return
         if isinstance(value, Mapping):
@@ -324,7 +394,7 @@ class MetricsLogger:
         (what landed before it is emitted; the rest stays pending). Flush before the
         runtime closes: values not yet copied out then raise ``ClosedError``.
         """
-        if self._held:
+        if self._held or self._loose:
             self._send()
         while self._pending:
             for part in self._pending[0].in_flight():
@@ -338,7 +408,7 @@ class MetricsLogger:
 
     async def aflush(self) -> None:
         """:meth:`flush` for asyncio: awaits the copies without blocking the event loop."""
-        if self._held:
+        if self._held or self._loose:
             self._send()
         while self._pending:
             for part in self._pending[0].in_flight():
@@ -372,7 +442,7 @@ class MetricsLogger:
         return MetricsStatistics(
             logged=self._seq,
             emitted=self._emitted,
-            pending=len(self._pending),
+            pending=self._steps,
             max_pending=self._max_pending,
             late=self._late,
             max_delay=self._max_delay,
@@ -386,8 +456,9 @@ class MetricsLogger:
         entry.seq = self._seq
         pending = self._pending
         pending.append(entry)
-        if len(pending) > self._max_pending:
-            self._max_pending = len(pending)
+        self._steps += 1
+        if self._steps > self._max_pending:
+            self._max_pending = self._steps
         head = pending[0]
         if not head.held and self._seq - head.seq >= self._lag:  # (else nothing is due: no _emit call)
             self._emit()
@@ -401,6 +472,8 @@ class MetricsLogger:
         ctx = self._ctx
         if self._rt._closed:
             self._rt._check_open()
+        if self._loose:
+            self._unloose()
         keys: tuple[str, ...] | None = None
         values = [value]
         if isinstance(value, Mapping):
@@ -427,11 +500,34 @@ class MetricsLogger:
             self._held_steps.append(entry)
         if keys is None and held:
             self._tensor_type = type(value)
+            self._loose_kind = (value.dtype, value.device)
         self._append(entry)
+
+    def _unloose(self) -> None:
+        """The loose pairs as held steps, before a value that is not one of them (step order kept)."""
+        for step, tensor in zip(self._loose, self._loose_tensors):
+            part = _Grouped(tensor)
+            self._held.append(part)
+            entry = _Pending(step, None, [part], held=True)
+            self._held_steps.append(entry)
+            self._pending.append(entry)
+        self._loose, self._loose_tensors = [], []
 
     def _send(self) -> None:
         """Copy the held values out: per (dtype, device), one tensor joined on the device and one copy."""
         self._since_send = 0
+        if self._loose:
+            tensors = self._loose_tensors
+            try:
+                joined = None if self._held else torch_module().stack(tensors)
+            except RuntimeError:  # shapes that differ: sent as held values
+                joined = None
+            if joined is not None:  # one _Sent: one copy
+                copy = self._start(joined)  # (raised: they stay loose)
+                self._pending.append(_Sent(self._loose, tuple(tensors[0].shape), copy, self._seq))
+                self._loose, self._loose_tensors = [], []
+                return
+            self._unloose()
         held = self._held
         by_kind: dict[Any, list[_Grouped]] = {}
         for part in held:
@@ -502,45 +598,41 @@ class MetricsLogger:
             if not head.landed():
                 if not head.late:
                     head.late = True
-                    self._late += 1
+                    self._late += head.count
                 break
-            self._emit_head(delay=age)
-            emitted += 1
+            emitted += self._emit_head(delay=age)
         return emitted
 
-    def _emit_head(self, *, delay: int | None) -> None:
+    def _emit_head(self, *, delay: int | None) -> int:
+        """Emit the oldest entry (landed) to the sink; the number of steps it held."""
         head = self._pending.popleft()
-        ctx = self._ctx
-        values = []
-        for part in head.parts:
-            kind = type(part)
-            arr = part if kind is np.ndarray else part.copy.value(ctx, part.offset, part.shape) if kind is _Grouped else part.take(ctx)
-            values.append(arr.item() if arr.size == 1 else arr)
-        value: Any = values[0] if head.keys is None else dict(zip(head.keys, values))
-        self._emitted += 1
+        emitted = head.take(self._ctx)
+        self._steps -= len(emitted)
+        self._emitted += len(emitted)
         if delay is not None and delay > self._max_delay:
             self._max_delay = delay
         if self._keep:
-            self._records.append((head.step, value))
+            self._records += emitted
         sink: Any = self._sink
         if sink is print:
-            print(f"step {head.step}: {_format(self._name, value)}")
+            for step, value in emitted:
+                print(f"step {step}: {_format(self._name, value)}")
         elif sink is not None:
-            sink(head.step, value)
+            for step, value in emitted:
+                sink(step, value)
+        return len(emitted)
 
     def _drop_pending(self) -> None:
-        self._held, self._held_steps = [], []
+        self._held, self._held_steps, self._loose, self._loose_tensors, self._steps = [], [], [], [], 0
         pending, self._pending = list(self._pending), collections.deque()
         if pending and not self._rt._closed:
             _drop_all(self._ctx, pending)
 
 
-def _drop_all(ctx: TorchContext, pending: list[_Pending]) -> None:
+def _drop_all(ctx: TorchContext, pending: list[_Pending | _Sent]) -> None:
     """Give back the staging and events of steps that will not be emitted."""
     for head in pending:
-        for part in head.parts:
-            if type(part) is not np.ndarray:
-                part.drop(ctx)
+        head.drop(ctx)
 
 
 def _format(name: str, value: Any) -> str:

@@ -141,6 +141,34 @@ def test_a_group_copies_the_values_of_several_log_calls_out_at_once(trt: srt.Run
     assert (stats.logged, stats.emitted, stats.pending) == (20, 20, 0)
 
 
+def test_a_group_keeps_step_order_when_other_values_come_between_the_losses(trt: srt.Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group of lone losses travels as one copy; a dict, a number, another shape or dtype in between
+    changes neither the values nor their step order, and a group's steps are due together."""
+    copies = _counting_copies(monkeypatch)
+    logger = st.MetricsLogger(trt, lag=0, group=4, sink=None)
+
+    def loss(v: float, dtype: Any = torch.float32) -> Any:
+        return on_device(trt, torch.tensor(v, dtype=dtype))
+
+    values: list[Any] = [loss(0.0), loss(1.0), loss(2.0), loss(3.0)]  # the first group: no loose pairs yet
+    values += [loss(4.0), loss(5.0), loss(6.0), loss(7.0)]  # lone losses: one stacked copy
+    values += [loss(8.0), {"loss": loss(9.0)}, loss(10.0), 11.5]  # a dict and a number between them
+    values += [loss(12.0), on_device(trt, torch.tensor([13.0, 13.5])), loss(14.0), loss(15.0, torch.float64)]
+    values += [loss(16.0), loss(17.0)]  # a partial group, sent by flush
+    for step, value in enumerate(values):
+        logger.log(step, value)
+    assert copies[0] == 5  # groups 1-3 one copy each, the fourth two (stacked by shape), float64 alone
+    logger.flush()
+    expected: list[Any] = [float(s) for s in range(18)]
+    expected[9], expected[11], expected[13] = {"loss": 9.0}, 11.5, [13.0, 13.5]
+    assert [step for step, _ in logger.records] == list(range(18))
+    got = [v.tolist() if isinstance(v, np.ndarray) else v for _, v in logger.records]
+    assert got == expected
+    stats = logger.statistics()
+    assert (stats.logged, stats.emitted, stats.pending) == (18, 18, 0)
+    assert copies[0] == 6
+
+
 def test_a_group_of_dicts_copies_once_per_dtype_and_keeps_shapes(trt: srt.Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
     copies = _counting_copies(monkeypatch)
     logger = st.MetricsLogger(trt, lag=0, group=3, sink=None)
