@@ -213,7 +213,7 @@ GROUP = 8
 GOALS: dict[str, dict[str, int]] = {
     "Prefetcher.__next__": {"streamrt": 14, "backend": 5, "torch": 11},
     # GROUP calls: one group staged (a memmove per leaf, one copy and event, one hand-off)
-    f"Prefetcher, group={GROUP} ({GROUP} calls)": {"streamrt": 46, "backend": 5, "torch": 49},
+    f"Prefetcher, group={GROUP} ({GROUP} calls)": {"streamrt": 40, "backend": 5, "torch": 49},
     "fetch": {"streamrt": 14, "backend": 3, "torch": 1},
     "MetricsLogger.log": {"streamrt": 28, "backend": 4, "torch": 1},
     # GROUP calls: one copy out for all of them, a detach each and one stack; emitted as one entry

@@ -27,7 +27,8 @@ __all__ = ["flatten", "is_leaf", "unflatten"]
 _END = None
 _DICT, _MAPPING, _TUPLE, _NAMED, _LIST = range(5)
 _CONTAINERS = (Mapping, tuple, list)
-_ENDS = frozenset({np.ndarray, int, float, bool, str, bytes, type(None)})  # never containers: no isinstance
+# Types that are never containers (no isinstance, whose Mapping check is slow); tensor types join on sight.
+_ENDS = {np.ndarray, int, float, bool, str, bytes, type(None)}
 
 
 def is_leaf(obj: Any) -> bool:
@@ -35,16 +36,25 @@ def is_leaf(obj: Any) -> bool:
     return isinstance(obj, np.ndarray) or is_tensor(obj)
 
 
+def _is_end(obj: Any) -> bool:
+    """``obj`` is not a container (a type outside :data:`_ENDS`)."""
+    if isinstance(obj, _CONTAINERS):
+        return False
+    if is_tensor(obj):
+        _ENDS.add(type(obj))
+    return True
+
+
 def flatten(obj: Any) -> tuple[list[Any], Any]:
     """``(values, structure)``: the values at the ends of ``obj`` in visiting order, and its shape as a hashable key."""
     values: list[Any] = []
-    if type(obj) is not dict and (type(obj) in _ENDS or not isinstance(obj, _CONTAINERS)):
+    if type(obj) is not dict and (type(obj) in _ENDS or _is_end(obj)):
         values.append(obj)
         return values, _END
     if type(obj) is dict:  # a flat dict (a batch's usual shape): its structure without the walk
         values.extend(obj.values())
         for value in values:
-            if type(value) not in _ENDS and isinstance(value, _CONTAINERS):
+            if type(value) not in _ENDS and not _is_end(value):
                 values.clear()
                 break
         else:
@@ -66,12 +76,22 @@ def _flatten(obj: Any, out: list[Any]) -> Any:
     children: list[Any] = []
     flat = True
     for value in items:
-        if type(value) in _ENDS or not isinstance(value, _CONTAINERS):
+        if type(value) in _ENDS or _is_end(value):
             out.append(value)
             children.append(_END)
-        else:
-            children.append(_flatten(value, out))
-            flat = False
+            continue
+        flat = False
+        if type(value) is dict:  # a flat dict (a group's batch) without the call
+            n = len(out)
+            out.extend(value.values())
+            for v in value.values():
+                if type(v) not in _ENDS and not _is_end(v):
+                    del out[n:]
+                    break
+            else:
+                children.append((_DICT, dict, tuple(value), (_END,) * (len(out) - n), True))
+                continue
+        children.append(_flatten(value, out))
     return (kind, cls, keys, tuple(children), flat)
 
 
@@ -97,6 +117,10 @@ def _build(node: Any, values: list[Any], at: int) -> tuple[Any, int]:
             if child is _END:
                 items.append(values[at])
                 at += 1
+            elif child[0] == _DICT and child[4]:  # a flat dict (a group's batch) without the call
+                end = at + len(child[3])
+                items.append(dict(zip(child[2], values[at:end])))
+                at = end
             else:
                 item, at = _build(child, values, at)
                 items.append(item)
