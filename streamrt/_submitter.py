@@ -76,7 +76,7 @@ class NativeSubmitter:
         self._thread.start()
 
     def submit(self, work: Program, always: int) -> int:
-        return self._c.submit(work._words, always)  # type: ignore[no-any-return]
+        return self._c.submit(work.words, always)  # type: ignore[no-any-return]
 
     def failure(self, ticket: int, work: Program) -> tuple[int, BaseException | None] | None:
         failed = self._c.failure(ticket)

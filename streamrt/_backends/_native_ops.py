@@ -64,16 +64,21 @@ HIP_ENTRY_POINTS = (
 )
 
 class Program:
-    """Backend calls to run in one go: append them in order, then hand the program to :meth:`NativeOps.run`."""
+    """Backend calls to run in one go: append them in order, then hand the program to :meth:`NativeOps.run`.
 
-    __slots__ = ("_words",)
+    ``words`` holds the calls' records, ``WORDS`` 64-bit words each (the op, then its arguments):
+    argument ``arg`` of call ``call`` is ``words[at(call, arg)]``, which the program's owner may
+    change between its runs as :meth:`set` does (a launch plan writes its per-launch values there).
+    """
+
+    __slots__ = ("words",)
 
     def __init__(self) -> None:
-        self._words = array("Q")
+        self.words = array("Q")
 
     def _add(self, op: int, *args: int) -> Program:
         words = [op, *(int(a) & 0xFFFFFFFFFFFFFFFF for a in args)]
-        self._words.extend(words + [0] * (_c.WORDS - len(words)))
+        self.words.extend(words + [0] * (_c.WORDS - len(words)))
         return self
 
     def check_not_capturing(self, stream: int) -> Program:
@@ -107,21 +112,26 @@ class Program:
 
     def set(self, call: int, arg: int, value: int) -> None:
         """Change argument ``arg`` of call ``call`` (both counted from 0), for a program only its owner runs."""
-        self._words[call * _c.WORDS + 1 + arg] = int(value) & 0xFFFFFFFFFFFFFFFF
+        self.words[call * _c.WORDS + 1 + arg] = int(value) & 0xFFFFFFFFFFFFFFFF
+
+    @staticmethod
+    def at(call: int, arg: int) -> int:
+        """The index in :attr:`words` of argument ``arg`` of call ``call``."""
+        return call * _c.WORDS + 1 + arg  # type: ignore[no-any-return]
 
     def after(self, start: int) -> Program:
         """A new program of this one's calls from ``start`` on (``after(1)``: a compiled program without its check)."""
         rest = Program()
-        rest._words = self._words[start * _c.WORDS :]
+        rest.words = self.words[start * _c.WORDS :]
         return rest
 
     def extend(self, other: Program) -> Program:
         """Append ``other``'s calls (copied) after this program's."""
-        self._words.extend(other._words)
+        self.words.extend(other.words)
         return self
 
     def __len__(self) -> int:
-        return len(self._words) // _c.WORDS
+        return len(self.words) // _c.WORDS
 
 
 class NativeOps:
@@ -197,8 +207,8 @@ class NativeOps:
 
     def run(self, program: Program) -> tuple[int, BaseException | None] | None:
         """Run ``program``'s calls in order (GIL released); see the module docstring for the result."""
-        failed = self._run(program._words)
-        return None if failed is None else self._failure(program._words[failed[0] * _c.WORDS], *failed)
+        failed = self._run(program.words)
+        return None if failed is None else self._failure(program.words[failed[0] * _c.WORDS], *failed)
 
     def replay(self, graph_exec: int, stream: int, event: int = 0) -> tuple[int, BaseException | None] | None:
         """Launch ``graph_exec`` on ``stream`` unless the stream is capturing, then record ``event`` (if not 0)
@@ -220,7 +230,7 @@ class NativeOps:
 
     def failure_in(self, program: Program, index: int, code: int) -> tuple[int, BaseException | None]:
         """``(index, error)`` for call ``index`` of ``program`` that failed with ``code`` (0: its stream was capturing)."""
-        return self._failure(program._words[index * _c.WORDS], index, code)
+        return self._failure(program.words[index * _c.WORDS], index, code)
 
     def _failure(self, op: int, index: int, code: int) -> tuple[int, BaseException | None]:
         if code == 0:

@@ -73,8 +73,8 @@ class ForkLaunchPlan:
     """``pipeline`` compiled for ``"fork"`` launches from ``stream``. See the module docstring."""
 
     __slots__ = (
-        "__weakref__", "backend", "body", "check", "deferred", "events", "keep", "names", "patched", "pipeline", "program", "records",
-        "roots", "run_program", "run_streams", "side_handles", "sides", "steps", "stream", "streams", "tails", "template", "users",
+        "__weakref__", "backend", "body", "check", "deferred", "event_words", "events", "keep", "names", "patched", "pipeline", "program", "records",
+        "roots", "run_program", "run_streams", "side_handles", "sides", "source_words", "steps", "stream", "streams", "tails", "template", "users",
         "wait_for",
     )
 
@@ -154,9 +154,22 @@ class ForkLaunchPlan:
         self.side_handles = tuple(side._handle for side in self.sides)
         # A deferred launch with nothing to wait for: the program with its tail records, their events set per launch
         self.template = None
-        self.patched: tuple[int, ...] = ()  # the template's copy steps whose source the last launch changed
+        self.patched: list[int] = []  # the template's copy steps whose source the last launch changed
+        self.event_words: tuple[int, ...] = ()
+        self.source_words: dict[int, int] = {}
         if deferred and self.program is not None:
-            self.template = self._deferred_work([], [0] * len(self.sides))
+            self._make_template()
+
+    def _make_template(self) -> None:
+        """The deferred program without waits, and where in its words a launch writes its tail records'
+        events and its copy steps' sources."""
+        self.template = None
+        self.patched = []
+        self.template = template = self._deferred_work([], [0] * len(self.sides))
+        first = len(template) - len(self.sides)
+        self.event_words = tuple(Program.at(first + i, 0) for i in range(len(self.sides)))
+        memcpy = self.backend.memcpy_async
+        self.source_words = {i: Program.at(1 + i, 1) for i, (fn, _) in enumerate(self.steps) if fn == memcpy}
 
     def copy_step(self, node: str) -> int | None:
         """The index of the copy step of the node named ``node``, for ``launch(sources=...)``; ``None``
@@ -292,16 +305,20 @@ class ForkLaunchPlan:
         Without waits it is :attr:`template`, changed in place (the submitter copies what it is given)."""
         template = self.template
         skip = 1 + len(waits)  # the calls before the compiled steps
-        if template is not None and not waits:
-            first = len(template) - len(events)
-            for i, ev in enumerate(events):
-                template.set(first + i, 0, ev)
+        if template is not None and not waits:  # (its words written in place: no call per value)
+            words = template.words
+            for i, ev in zip(self.event_words, events):
+                words[i] = ev
             if sources or self.patched:
-                for step in self.patched:  # back to the node's own source
-                    template.set(skip + step, 1, self.steps[step][1][1])
+                patched = []
+                source = self.source_words
                 for step, b in sources:
-                    template.set(skip + step, 1, b._ptr)
-                self.patched = tuple(step for step, _ in sources)
+                    words[source[step]] = b._ptr
+                    patched.append(step)
+                for step in self.patched:
+                    if step not in patched:  # back to the node's own source
+                        words[source[step]] = self.steps[step][1][1]
+                self.patched = patched
             return template
         if self.program is not None:
             program = Program().check_not_capturing(self.stream._handle)

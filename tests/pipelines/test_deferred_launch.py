@@ -233,7 +233,7 @@ def test_the_deferred_template_changes_a_copys_source_for_one_launch_only() -> N
     words = _native_ops._c.WORDS
 
     def src_of(program: Program, call: int) -> int:
-        return int(program._words[call * words + 2])  # op, dst, src, ...
+        return int(program.words[call * words + 2])  # op, dst, src, ...
 
     def memcpy(*args: object) -> None: ...
 
@@ -243,12 +243,13 @@ def test_the_deferred_template_changes_a_copys_source_for_one_launch_only() -> N
     steps = ((memcpy, (0xD0, 0xA0, 64, 2, side)), (host, (side, 0xF0, 0)), (memcpy, (0xD1, 0xA1, 64, 2, side)))
     program = Program().check_not_capturing(0x10).copy(0xD0, 0xA0, 64, 2, side).host(side, 0xF0, 0).copy(0xD1, 0xA1, 64, 2, side)
     plan = object.__new__(ForkLaunchPlan)
-    plan.steps, plan.program, plan.body, plan.patched, plan.template = steps, program, program.after(1), (), None
+    plan.steps, plan.program, plan.body, plan.backend = steps, program, program.after(1), SimpleNamespace(memcpy_async=memcpy)
     plan.stream, plan.sides = SimpleNamespace(_handle=0x10), (SimpleNamespace(_handle=side),)
-    plan.template = plan._deferred_work([], [0])
+    plan._make_template()
     given = SimpleNamespace(_ptr=0xB0)
     work = plan._deferred_work([], [0xE1], ((2, given),))
     assert work is plan.template and (src_of(work, 1), src_of(work, 3)) == (0xA0, 0xB0)
+    assert work.words[Program.at(4, 0)] == 0xE1  # the tail record's event (check, 3 steps, the record)
     work = plan._deferred_work([], [0xE2])
     assert (src_of(work, 1), src_of(work, 3)) == (0xA0, 0xA1)  # its own again
     plan._deferred_work([], [0xE3], ((0, given),))

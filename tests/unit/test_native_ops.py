@@ -336,7 +336,7 @@ def test_compile_translates_the_backends_own_calls_and_nothing_else() -> None:
         (backend.stream_wait_event, (0x51, 0xE1)),
     ]
     program = ops.compile(0x50, steps)
-    assert program is not None and program._words == a_program()._words
+    assert program is not None and program.words == a_program().words
     assert ops.compile(0x50, [*steps, (print, ())]) is None  # another call: the Python path serves it
     big = (backend.launch_kernel, (0xF, (1, 1 << 16, 1), (32, 1, 1), 0, 0x50, 0xA))
     assert ops.compile(0x50, [*steps, big]) is None  # a launch a record cannot hold

@@ -148,7 +148,7 @@ def test_bad_programs_are_refused_before_anything_is_queued() -> None:
         with pytest.raises(ValueError, match="unknown op"):
             c(bytes([99]) + bytes(47), 1)
         with pytest.raises(ValueError, match="always"):
-            c(h.program([1])._words, 2)
+            c(h.program([1]).words, 2)
         assert h.submitter.submit(h.program([1]), 1) == 1  # nothing was queued before
         with pytest.raises(RuntimeError, match="served by one thread"):
             h.submitter._c.serve()  # its thread serves it already
