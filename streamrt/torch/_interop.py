@@ -124,20 +124,18 @@ def tensor_buffer(rt: Runtime, tensor: Any) -> Buffer:
         raise TypeError(f"expected a torch tensor, got {type(tensor).__name__}")
     if not tensor.is_contiguous():
         raise ValueError("only contiguous tensors can be used as Buffers; call .contiguous() first")
-    nbytes = tensor.numel() * tensor.element_size()
-    ptr = int(tensor.data_ptr())
-    dev = tensor.device
-    if dev.type == "cuda":
+    ptr = tensor.data_ptr()
+    if tensor.is_cuda:  # (is_cuda and get_device: a tenth of what tensor.device.type costs)
         if rt._capabilities.is_simulated:
             raise ValueError("a CUDA tensor cannot be used by a simulator runtime; use CPU tensors with the simulator")
-        if dev.index != rt.device:
-            raise ValueError(f"the tensor is on cuda:{dev.index}, the runtime on device {rt.device}")
+        if tensor.get_device() != rt._device:
+            raise ValueError(f"the tensor is on cuda:{tensor.get_device()}, the runtime on device {rt._device}")
         kind = DEVICE
-    elif dev.type == "cpu":
+    elif tensor.is_cpu:
         kind = _KIND_OF_POINTER[rt._base_backend.pointer_kind(ptr).value] if ptr else PAGEABLE
     else:
-        raise TypeError(f"tensors on {dev.type!r} cannot be used as streamrt Buffers")
-    return Buffer(ptr, nbytes, kind, rt, owner=tensor)
+        raise TypeError(f"tensors on {tensor.device.type!r} cannot be used as streamrt Buffers")
+    return Buffer(ptr, tensor.nbytes, kind, rt, owner=tensor)
 
 
 def record_stream(tensor: Any, stream: Stream) -> None:
