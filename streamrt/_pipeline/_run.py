@@ -139,7 +139,17 @@ class Run(Completion):
         for _, req in host:
             req.owner = self
         if deferred is not None:
-            self._watch_deferred(deferred)
+            pushed = deferred.tails
+            if len(pushed) == 1:  # one side stream, the common case: _watch_deferred inline, one Python call less
+                self.gate = deferred.ticket
+                self._tails = list(pushed)
+                self._remaining = 1
+                side, self.event = pushed[0]
+                lane = side._lane
+                self._lanes = (lane,)
+                lane.push(self)  # type: ignore[arg-type]  # a Run is its own tail's lane item
+            else:
+                self._watch_deferred(deferred)
             return
         record = engine._record
         pool = engine._pool
@@ -215,17 +225,13 @@ class Run(Completion):
             self._finish(None)
 
     def _watch_deferred(self, deferred: Deferred) -> None:
-        """Push the tails of a deferred launch, gated by its ticket (see ``_Lane``, "Order")."""
+        """Push the tails of a deferred launch on several side streams, gated by its ticket (see ``_Lane``,
+        "Order"); ``__init__`` pushes a single tail itself."""
         ticket = deferred.ticket
         self.gate = ticket
         tails = self._tails = list(deferred.tails)
         self._remaining = len(tails)
         stream, self.event = tails[0]
-        if len(tails) == 1:  # (one side stream: the common case, pushed without building lists)
-            lane = stream._lane
-            self._lanes = (lane,)
-            lane.push(self)  # type: ignore[arg-type]  # a Run is its own tail's lane item
-            return
         lanes = [stream._lane]
         items: list[Any] = [self]
         for stream, event in tails[1:]:
