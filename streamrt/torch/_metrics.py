@@ -235,7 +235,9 @@ class _Sent:
     def __init__(self, steps: list[int], shape: tuple[int, ...], copy: _Landing | np.ndarray, seq: int) -> None:
         self.steps = steps
         self.shape = shape  # each step's value
-        self.copy = copy  # the landing of the stacked values, or the array already on the host
+        # the landing of the stacked values, or the array already on the host; once taken, the
+        # (step, value) pairs not emitted yet
+        self.copy: _Landing | np.ndarray | list[tuple[int, Any]] = copy
         self.seq = seq
         self.late = False
 
@@ -252,11 +254,17 @@ class _Sent:
         return [copy] if isinstance(copy, _Landing) and not copy.landed() else []
 
     def take(self, ctx: TorchContext) -> list[tuple[int, Any]]:
+        """The pairs not emitted yet (kept here: the emitter removes those it emitted)."""
         copy = self.copy
+        if isinstance(copy, list):
+            return copy
         arr = copy.take(ctx) if isinstance(copy, _Landing) else copy
         if math.prod(self.shape) == 1:  # a scalar per step: Python numbers, as .item() gives them
-            return list(zip(self.steps, arr.reshape(-1).tolist()))
-        return list(zip(self.steps, arr.reshape(len(self.steps), *self.shape)))
+            pairs = list(zip(self.steps, arr.reshape(-1).tolist()))
+        else:
+            pairs = list(zip(self.steps, arr.reshape(len(self.steps), *self.shape)))
+        self.copy = pairs
+        return pairs
 
     def drop(self, ctx: TorchContext) -> None:
         if isinstance(self.copy, _Landing):
@@ -604,23 +612,32 @@ class MetricsLogger:
         return emitted
 
     def _emit_head(self, *, delay: int | None) -> int:
-        """Emit the oldest entry (landed) to the sink; the number of steps it held."""
-        head = self._pending.popleft()
-        emitted = head.take(self._ctx)
-        self._steps -= len(emitted)
-        self._emitted += len(emitted)
+        """Emit the oldest entry (landed) to the sink, step by step; the steps emitted. A sink that raises
+        has its step emitted; the entry's later steps stay pending."""
+        pending = self._pending
+        head = pending[0]
+        pairs = head.take(self._ctx)
         if delay is not None and delay > self._max_delay:
             self._max_delay = delay
-        if self._keep:
-            self._records += emitted
         sink: Any = self._sink
-        if sink is print:
-            for step, value in emitted:
-                print(f"step {step}: {_format(self._name, value)}")
-        elif sink is not None:
-            for step, value in emitted:
-                sink(step, value)
-        return len(emitted)
+        n = 0
+        try:
+            for step, value in pairs:
+                n += 1
+                self._steps -= 1
+                self._emitted += 1
+                if self._keep:
+                    self._records.append((step, value))
+                if sink is print:
+                    print(f"step {step}: {_format(self._name, value)}")
+                elif sink is not None:
+                    sink(step, value)
+        finally:
+            if n == len(pairs):
+                pending.popleft()
+            else:
+                del pairs[:n]  # (a _Sent's own list)
+        return n
 
     def _drop_pending(self) -> None:
         self._held, self._held_steps, self._loose, self._loose_tensors, self._steps = [], [], [], [], 0

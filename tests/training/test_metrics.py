@@ -169,6 +169,25 @@ def test_a_group_keeps_step_order_when_other_values_come_between_the_losses(trt:
     assert copies[0] == 6
 
 
+def test_a_sink_that_raises_in_a_group_leaves_its_later_steps_pending(trt: srt.Runtime) -> None:
+    seen: list[int] = []
+
+    def sink(step: int, _value: Any) -> None:
+        seen.append(step)
+        if step == 5 and seen.count(5) == 1:
+            raise RuntimeError("the sink failed")
+
+    logger = st.MetricsLogger(trt, lag=0, group=4, sink=sink)
+    with pytest.raises(RuntimeError, match="the sink failed"):
+        for step in range(8):
+            logger.log(step, on_device(trt, torch.tensor(float(step))))
+        logger.flush()
+    assert seen == [0, 1, 2, 3, 4, 5] and logger.pending == 2  # step 5 was emitted; 6 and 7 were not
+    logger.flush()
+    assert seen == list(range(8)) and [v for _, v in logger.records] == [float(s) for s in range(8)]
+    assert logger.pending == 0 and logger.statistics().emitted == 8
+
+
 def test_a_group_of_dicts_copies_once_per_dtype_and_keeps_shapes(trt: srt.Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
     copies = _counting_copies(monkeypatch)
     logger = st.MetricsLogger(trt, lag=0, group=3, sink=None)
