@@ -213,7 +213,8 @@ def order_after(rt: Runtime, work: Any, stream: Stream | None = None) -> None:
         if not callable(join):
             raise TypeError(f"order_after takes a Run (anything with join(stream)) or an Event, not {type(work).__name__}")
         join(s)
-    ctx.order_host_after(work)
+    if ctx.host_computes:  # (on a GPU runtime the wait above is all: no call)
+        ctx.order_host_after(work)
 
 
 provide("as_torch_stream", as_torch_stream)  # a foreign wait on a torch.distributed Work (streamrt._interop)
