@@ -52,22 +52,14 @@ def flatten(obj: Any) -> tuple[list[Any], Any]:
         values.append(obj)
         return values, _END
     if type(obj) is dict:  # a flat dict (a batch's usual shape): its structure without the walk
-        node = _flat_dict(obj, values)
-        if node is not None:
-            return values, node
+        values.extend(obj.values())
+        for value in values:
+            if type(value) not in _ENDS and not _is_end(value):
+                values.clear()
+                break
+        else:
+            return values, (_DICT, dict, tuple(obj), (_END,) * len(values), True)
     return values, _flatten(obj, values)
-
-
-def _flat_dict(obj: dict[Any, Any], out: list[Any]) -> Any:
-    """The structure of dict ``obj`` if none of its values is a container (they are appended to ``out``),
-    else ``None`` (``out`` unchanged)."""
-    n = len(out)
-    out.extend(obj.values())
-    for value in obj.values():
-        if type(value) not in _ENDS and not _is_end(value):
-            del out[n:]
-            return None
-    return (_DICT, dict, tuple(obj), (_END,) * (len(out) - n), True)
 
 
 def _flatten(obj: Any, out: list[Any]) -> Any:
@@ -89,8 +81,17 @@ def _flatten(obj: Any, out: list[Any]) -> Any:
             children.append(_END)
             continue
         flat = False
-        node = _flat_dict(value, out) if type(value) is dict else None  # (a group's batch: no walk)
-        children.append(_flatten(value, out) if node is None else node)
+        if type(value) is dict:  # a flat dict (a group's batch) without the call
+            n = len(out)
+            out.extend(value.values())
+            for v in value.values():
+                if type(v) not in _ENDS and not _is_end(v):
+                    del out[n:]
+                    break
+            else:
+                children.append((_DICT, dict, tuple(value), (_END,) * (len(out) - n), True))
+                continue
+        children.append(_flatten(value, out))
     return (kind, cls, keys, tuple(children), flat)
 
 
