@@ -73,9 +73,9 @@ class ForkLaunchPlan:
     """``pipeline`` compiled for ``"fork"`` launches from ``stream``. See the module docstring."""
 
     __slots__ = (
-        "__weakref__", "backend", "body", "check", "deferred", "event_words", "events", "keep", "names", "patched", "pipeline", "program", "records",
-        "roots", "run_program", "run_streams", "side_handles", "sides", "source_words", "steps", "stream", "streams", "tails", "template", "users",
-        "wait_for",
+        "__weakref__", "backend", "body", "check", "deferred", "event_words", "events", "keep", "names", "patched", "pipeline",
+        "program", "records", "roots", "run_program", "run_streams", "side_handles", "sides", "source_words", "steps", "stream",
+        "streams", "tails", "template", "users", "wait_for",
     )
 
     def __init__(
