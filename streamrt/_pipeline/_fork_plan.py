@@ -162,9 +162,7 @@ class ForkLaunchPlan:
 
     def _make_template(self) -> None:
         """The deferred program without waits, and where in its words a launch writes its tail records'
-        events and its copy steps' sources."""
-        self.template = None
-        self.patched = []
+        events and its copy steps' sources (``template`` is ``None`` until then)."""
         self.template = template = self._deferred_work([], [0] * len(self.sides))
         first = len(template) - len(self.sides)
         self.event_words = tuple(Program.at(first + i, 0) for i in range(len(self.sides)))

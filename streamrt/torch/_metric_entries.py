@@ -1,14 +1,14 @@
 """A MetricsLogger's entries: the logged steps whose values are on their way to the host.
 
-* :class:`_Landing`: one value's D2H copy into pinned staging and the event after it,
+* :class:`Landing`: one value's D2H copy into pinned staging and the event after it,
   polled by the logging thread (one event query, never a wait);
-* :class:`_GroupCopy`: one copy out of the values of several ``log`` calls (``group=``),
+* :class:`GroupCopy`: one copy out of the values of several ``log`` calls (``group=``),
   read by each of them;
-* :class:`_Grouped`: a value held for its group, then its place in the group's copy;
-* :class:`_Pending`: one logged step (its parts: arrays, landings, grouped values);
-* :class:`_Sent`: a group of lone tensors of one kind and shape, one entry for all its steps.
+* :class:`Grouped`: a value held for its group, then its place in the group's copy;
+* :class:`Pending`: one logged step (its parts: arrays, landings, grouped values);
+* :class:`Sent`: a group of lone tensors of one kind and shape, one entry for all its steps.
 
-``_Pending`` and ``_Sent`` are read alike: ``held``, ``seq``, ``late``, ``count``,
+``Pending`` and ``Sent`` are read alike: ``held``, ``seq``, ``late``, ``count``,
 ``landed()``, ``in_flight()``, ``take(ctx)`` (the ``(step, value)`` pairs) and ``drop(ctx)``.
 
 Thread rules: the logging thread's.
@@ -28,8 +28,10 @@ if TYPE_CHECKING:
     from ._context import TorchContext
     from ._fetch import HostCopy
 
+__all__ = ["GroupCopy", "Grouped", "Landing", "Pending", "Sent", "drop_all"]
 
-class _Landing:
+
+class Landing:
     """One value's copy in flight and the event recorded after it; the logging thread polls it."""
 
     __slots__ = ("copy", "done", "event")
@@ -64,15 +66,15 @@ class _Landing:
         ctx.give_event(self.event)
 
 
-class _GroupCopy:
-    """One copy out of the values of several log calls (``group=``): their :class:`_Landing`, then the
+class GroupCopy:
+    """One copy out of the values of several log calls (``group=``): their :class:`Landing`, then the
     landed array they are read from. The staging goes back with the first read, or once every value
     was dropped."""
 
     __slots__ = ("array", "landing", "users")
 
-    def __init__(self, copy: _Landing | np.ndarray, users: int) -> None:
-        self.landing: _Landing | None = None
+    def __init__(self, copy: Landing | np.ndarray, users: int) -> None:
+        self.landing: Landing | None = None
         self.array: np.ndarray | None = None
         if isinstance(copy, np.ndarray):  # the values were in pageable host memory
             self.array = copy.reshape(-1)
@@ -95,7 +97,7 @@ class _GroupCopy:
             self.landing = None
 
 
-class _Grouped:
+class Grouped:
     """A value logged with ``group=``: the tensor until its group is sent, then its place in the group's copy."""
 
     __slots__ = ("copy", "offset", "shape", "tensor")
@@ -103,7 +105,7 @@ class _Grouped:
     def __init__(self, tensor: Any) -> None:
         self.tensor: Any = tensor
         self.shape: tuple[int, ...] = tuple(tensor.shape)
-        self.copy: _GroupCopy | None = None
+        self.copy: GroupCopy | None = None
         self.offset = 0
 
     def drop(self, ctx: TorchContext) -> None:
@@ -112,7 +114,7 @@ class _Grouped:
             self.copy.drop(ctx)
 
 
-class _Pending:
+class Pending:
     """One logged step: its parts, until it is emitted."""
 
     __slots__ = ("held", "keys", "late", "parts", "seq", "step")
@@ -122,7 +124,7 @@ class _Pending:
     def __init__(self, step: int, keys: tuple[str, ...] | None, parts: list[Any], held: bool = False) -> None:
         self.step = step
         self.keys = keys  # a dict's keys, in order (None: one value)
-        self.parts = parts  # per value: an array (already on the host), a _Landing or a _Grouped
+        self.parts = parts  # per value: an array (already on the host), a Landing or a Grouped
         self.seq = 0  # the log call that made it due (its own, or the one that sent its group)
         self.held = held  # a part waits for its group to be sent
         self.late = False
@@ -130,7 +132,7 @@ class _Pending:
     def landed(self) -> bool:
         for part in self.parts:
             kind = type(part)
-            if kind is _Grouped:  # (inline: a group's later steps find its copy taken already)
+            if kind is Grouped:  # (inline: a group's later steps find its copy taken already)
                 copy = part.copy
                 if copy is None or copy.landing is not None and not copy.landing.landed():
                     return False
@@ -138,12 +140,12 @@ class _Pending:
                 return False
         return True
 
-    def in_flight(self) -> list[_Landing]:
+    def in_flight(self) -> list[Landing]:
         """The copies this step still waits for (called once its group was sent)."""
         out = []
         for part in self.parts:
             kind = type(part)
-            landing = part if kind is _Landing else part.copy.landing if kind is _Grouped else None
+            landing = part if kind is Landing else part.copy.landing if kind is Grouped else None
             if landing is not None and not landing.landed():
                 out.append(landing)
         return out
@@ -153,7 +155,7 @@ class _Pending:
         values = []
         for part in self.parts:
             kind = type(part)
-            arr = part if kind is np.ndarray else part.copy.value(ctx, part.offset, part.shape) if kind is _Grouped else part.take(ctx)
+            arr = part if kind is np.ndarray else part.copy.value(ctx, part.offset, part.shape) if kind is Grouped else part.take(ctx)
             values.append(arr.item() if arr.size == 1 else arr)
         return [(self.step, values[0] if self.keys is None else dict(zip(self.keys, values)))]
 
@@ -163,20 +165,20 @@ class _Pending:
                 part.drop(ctx)
 
 
-class _Sent:
+class Sent:
     """A group of lone tensors of one kind and shape (``group=``'s usual case: a loss per step), sent in
-    one copy: one entry for all its steps, due and emitted together. Read as :class:`_Pending`."""
+    one copy: one entry for all its steps, due and emitted together. Read as :class:`Pending`."""
 
     __slots__ = ("copy", "late", "seq", "shape", "steps")
 
     held = False  # (sent)
 
-    def __init__(self, steps: list[int], shape: tuple[int, ...], copy: _Landing | np.ndarray, seq: int) -> None:
+    def __init__(self, steps: list[int], shape: tuple[int, ...], copy: Landing | np.ndarray, seq: int) -> None:
         self.steps = steps
         self.shape = shape  # each step's value
         # the landing of the stacked values, or the array already on the host; once taken, the
         # (step, value) pairs not emitted yet
-        self.copy: _Landing | np.ndarray | list[tuple[int, Any]] = copy
+        self.copy: Landing | np.ndarray | list[tuple[int, Any]] = copy
         self.seq = seq
         self.late = False
 
@@ -186,18 +188,18 @@ class _Sent:
 
     def landed(self) -> bool:
         copy = self.copy
-        return not isinstance(copy, _Landing) or copy.landed()
+        return not isinstance(copy, Landing) or copy.landed()
 
-    def in_flight(self) -> list[_Landing]:
+    def in_flight(self) -> list[Landing]:
         copy = self.copy
-        return [copy] if isinstance(copy, _Landing) and not copy.landed() else []
+        return [copy] if isinstance(copy, Landing) and not copy.landed() else []
 
     def take(self, ctx: TorchContext) -> list[tuple[int, Any]]:
         """The pairs not emitted yet (kept here: the emitter removes those it emitted)."""
         copy = self.copy
         if isinstance(copy, list):
             return copy
-        arr = copy.take(ctx) if isinstance(copy, _Landing) else copy
+        arr = copy.take(ctx) if isinstance(copy, Landing) else copy
         if math.prod(self.shape) == 1:  # a scalar per step: Python numbers, as .item() gives them
             pairs = list(zip(self.steps, arr.reshape(-1).tolist()))
         else:
@@ -206,11 +208,11 @@ class _Sent:
         return pairs
 
     def drop(self, ctx: TorchContext) -> None:
-        if isinstance(self.copy, _Landing):
+        if isinstance(self.copy, Landing):
             self.copy.drop(ctx)
 
 
-def _drop_all(ctx: TorchContext, pending: list[_Pending | _Sent]) -> None:
+def drop_all(ctx: TorchContext, pending: list[Pending | Sent]) -> None:
     """Give back the staging and events of steps that will not be emitted."""
     for head in pending:
         head.drop(ctx)

@@ -53,7 +53,7 @@ from .._completion import Completion
 from ._context import context
 from ._fetch import HostCopy, copy_source, enqueue_copy
 from ._lazy import host_dtype, is_tensor, torch_module
-from ._metric_entries import _drop_all, _Grouped, _GroupCopy, _Landing, _Pending, _Sent
+from ._metric_entries import GroupCopy, Grouped, Landing, Pending, Sent, drop_all
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
@@ -132,17 +132,17 @@ class MetricsLogger:
         self._keep = keep
         self._group = group
         # With group=: the steps not sent yet, in log order. Lone tensors of one kind (log's fast path) are
-        # ``_loose`` steps and tensors, sent as one _Sent; any other value first turns them into _Pending
-        # steps of ``_held`` _Grouped values (as every value was before).
+        # ``_loose`` steps and tensors, sent as one Sent; any other value first turns them into Pending
+        # steps of ``_held`` Grouped values (as every value was before).
         self._loose: list[int] = []
         self._loose_tensors: list[Any] = []
         self._loose_kind: Any = None  # (dtype, device) of the last tensor logged alone, checked
-        self._held: list[_Grouped] = []
-        self._held_steps: list[_Pending] = []  # the steps they belong to
+        self._held: list[Grouped] = []
+        self._held_steps: list[Pending] = []  # the steps they belong to
         self._checked: set[Any] = set()  # (dtype, device) of tensors known to be fit to copy out
         self._tensor_type: Any = None  # the type of the last tensor logged alone (log's fast path)
         self._since_send = 0  # log calls since the last group was sent
-        self._pending: collections.deque[_Pending | _Sent] = collections.deque()  # sent or not grouped, in step order
+        self._pending: collections.deque[Pending | Sent] = collections.deque()  # sent or not grouped, in step order
         self._steps = 0  # steps logged and not emitted: ``_pending``'s and ``_loose``'s
         self._records: list[tuple[int, Any]] = []
         self._seq = 0
@@ -206,7 +206,7 @@ class MetricsLogger:
             parts = self._start_all(list(value.values()))
         else:
             keys, parts = None, [self._start(value)]
-        self._append(_Pending(int(step), keys, parts))
+        self._append(Pending(int(step), keys, parts))
 
     def poll(self) -> int:
         """Emit what is due and has landed, without logging; returns the number of steps emitted."""
@@ -261,7 +261,7 @@ class MetricsLogger:
     def __del__(self) -> None:
         pending = getattr(self, "_pending", None)
         if pending and not self._rt._closed:  # dropped unclosed with copies in flight: their staging goes back
-            self._rt.releaser.submit(_drop_all, self._ctx, list(pending))
+            self._rt.releaser.submit(drop_all, self._ctx, list(pending))
             pending.clear()
 
     def statistics(self) -> MetricsStatistics:
@@ -276,7 +276,7 @@ class MetricsLogger:
         )
 
     # -- internals ---------------------------------------------------------------------------------
-    def _append(self, entry: _Pending) -> None:
+    def _append(self, entry: Pending) -> None:
         """Queue a step and emit what is due; with ``group=``, send the held values every ``group``-th call."""
         self._seq += 1
         entry.seq = self._seq
@@ -305,7 +305,7 @@ class MetricsLogger:
         if isinstance(value, Mapping):
             keys, values = tuple(map(str, value)), list(value.values())
         parts: list[Any] = []
-        held: list[_Grouped] = []
+        held: list[Grouped] = []
         for v in values:  # checked first: a value that cannot be copied out logs nothing
             if is_tensor(v):
                 kind = (v.dtype, v.device)
@@ -313,14 +313,14 @@ class MetricsLogger:
                     host_dtype(v.dtype)
                     ctx.check_tensor(v)
                     self._checked.add(kind)
-                part = _Grouped(v.detach())
+                part = Grouped(v.detach())
                 held.append(part)
                 parts.append(part)
             elif isinstance(v, Completion):
                 raise TypeError("log a tensor (or a number), not a future")
             else:
                 parts.append(np.asarray(v))
-        entry = _Pending(int(step), keys, parts, held=bool(held))
+        entry = Pending(int(step), keys, parts, held=bool(held))
         if held:
             self._held += held
             self._held_steps.append(entry)
@@ -332,9 +332,9 @@ class MetricsLogger:
     def _unloose(self) -> None:
         """The loose pairs as held steps, before a value that is not one of them (step order kept)."""
         for step, tensor in zip(self._loose, self._loose_tensors):
-            part = _Grouped(tensor)
+            part = Grouped(tensor)
             self._held.append(part)
-            entry = _Pending(step, None, [part], held=True)
+            entry = Pending(step, None, [part], held=True)
             self._held_steps.append(entry)
             self._pending.append(entry)
         self._loose, self._loose_tensors = [], []
@@ -348,14 +348,14 @@ class MetricsLogger:
                 joined = None if self._held else torch_module().stack(tensors)
             except RuntimeError:  # shapes that differ: sent as held values
                 joined = None
-            if joined is not None:  # one _Sent: one copy
+            if joined is not None:  # one Sent: one copy
                 copy = self._start(joined)  # (raised: they stay loose)
-                self._pending.append(_Sent(self._loose, tuple(tensors[0].shape), copy, self._seq))
+                self._pending.append(Sent(self._loose, tuple(tensors[0].shape), copy, self._seq))
                 self._loose, self._loose_tensors = [], []
                 return
             self._unloose()
         held = self._held
-        by_kind: dict[Any, list[_Grouped]] = {}
+        by_kind: dict[Any, list[Grouped]] = {}
         for part in held:
             t = part.tensor
             by_kind.setdefault((t.dtype, t.device), []).append(part)
@@ -368,7 +368,7 @@ class MetricsLogger:
                     joined = torch.stack(tensors)
                 else:
                     joined = torch.cat([t.reshape(-1) for t in tensors])
-                copy = _GroupCopy(self._start(joined), len(parts))
+                copy = GroupCopy(self._start(joined), len(parts))
                 offset = 0
                 for p in parts:
                     p.copy, p.offset, p.tensor = copy, offset, None
@@ -385,7 +385,7 @@ class MetricsLogger:
             for v in values:
                 parts.append(self._start(v))
         except BaseException:
-            _drop_all(self._ctx, [_Pending(0, None, parts)])
+            drop_all(self._ctx, [Pending(0, None, parts)])
             raise
         return parts
 
@@ -406,7 +406,7 @@ class MetricsLogger:
             finally:
                 if source[7] is not None:
                     ctx.release_source(source[7], source[6])
-            return _Landing(got, event)
+            return Landing(got, event)
         if isinstance(value, Completion):
             raise TypeError("log a tensor (or a number), not a future")
         return np.asarray(value)
@@ -454,14 +454,14 @@ class MetricsLogger:
             if n == len(pairs):
                 pending.popleft()
             else:
-                del pairs[:n]  # (a _Sent's own list)
+                del pairs[:n]  # (a Sent's own list)
         return n
 
     def _drop_pending(self) -> None:
         self._held, self._held_steps, self._loose, self._loose_tensors, self._steps = [], [], [], [], 0
         pending, self._pending = list(self._pending), collections.deque()
         if pending and not self._rt._closed:
-            _drop_all(self._ctx, pending)
+            drop_all(self._ctx, pending)
 
 
 def _format(name: str, value: Any) -> str:

@@ -244,6 +244,7 @@ def test_the_deferred_template_changes_a_copys_source_for_one_launch_only() -> N
     program = Program().check_not_capturing(0x10).copy(0xD0, 0xA0, 64, 2, side).host(side, 0xF0, 0).copy(0xD1, 0xA1, 64, 2, side)
     plan = object.__new__(ForkLaunchPlan)
     plan.steps, plan.program, plan.body, plan.backend = steps, program, program.after(1), SimpleNamespace(memcpy_async=memcpy)
+    plan.template, plan.patched = None, []
     plan.stream, plan.sides = SimpleNamespace(_handle=0x10), (SimpleNamespace(_handle=side),)
     plan._make_template()
     given = SimpleNamespace(_ptr=0xB0)
